@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vit_deploy.config import variant
+from vit_deploy.export.bundle import ExportOptions, export_bundle
+from vit_deploy.model import build_model
+
+# The tiny model: width 48, depth 2, heads 3, patch 8, native 32x32 (a 4x4 grid).
+TINY_KINDS = [("learned", "cls"), ("factorized", "mean")]
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads():
+    torch.set_num_threads(2)
+
+
+def tiny(pos_embed: str = "learned", pool: str = "cls", **kw):
+    return build_model(variant("tiny", pos_embed=pos_embed, pool=pool, **kw), seed=0)
+
+
+@pytest.fixture(scope="session", params=TINY_KINDS, ids=lambda p: f"{p[0]}-{p[1]}")
+def tiny_bundle(request, tmp_path_factory):
+    """A tiny model and its exported dynamic bundle (one export per kind per session)."""
+    pos_embed, pool = request.param
+    model = tiny(pos_embed, pool)
+    out = tmp_path_factory.mktemp("bundles") / f"tiny-{pos_embed}-{pool}"
+    result = export_bundle(model, out, options=ExportOptions(resolution=(48, 64)))
+    return model, result
+
+
+def torch_logits(model, x: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.from_numpy(x)).numpy()

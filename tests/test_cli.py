@@ -1,0 +1,107 @@
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from vit_deploy.cli import main
+from vit_deploy.contract import MANIFEST_NAME
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_export_and_info(tmp_path):
+    out = tmp_path / "bundle"
+    r = run("export", "--model", "tiny", "--res", "24x40", "--pos-embed", "factorized",
+            "--pool", "mean", "--num-classes", "5", "--out", out)
+    assert r.exit_code == 0, r.output
+    assert "parity: PASS" in r.output and "model.onnx" in r.output
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    assert manifest["config"]["num_classes"] == 5 and manifest["config"]["pool"] == "mean"
+
+    r = run("info", out)
+    assert r.exit_code == 0 and "tiny/8" in r.output and "height and width are positive " \
+                                                           "multiples of 8" in r.output
+    r = run("info", out, "--json")
+    assert json.loads(r.output)["config"] == manifest["config"]
+
+
+def test_static_export_via_cli(tmp_path):
+    r = run("export", "--model", "tiny", "--res", "16", "--static", "--no-simplify",
+            "--out", tmp_path / "s")
+    assert r.exit_code == 0, r.output
+    assert "(static)" in r.output and "onnxsim" not in r.output
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--res", "30"], "input height 30 is not a positive multiple of the patch size 8; "
+                      "nearest valid sizes: 24 or 32"),
+    (["--res", "0"], "resolution must be positive"),
+    (["--res", "abc"], "resolution must be N or HxW"),
+    (["--res", "32x"], "resolution must be N or HxW"),
+    (["--model", "XL"], "unknown model variant 'XL'"),
+    (["--pos-embed", "rope"], "'rope' is not one of 'learned', 'factorized'"),
+    (["--patch", "0"], "0 is not in the range x>=1"),
+    (["--patch", "5"], "img_size (32, 32) must be positive multiples of patch_size 5"),
+    (["--opset", "17"], "17 is not in the range x>=18"),
+    (["--checkpoint", "/nonexistent.safetensors"], "does not exist"),
+])
+def test_bad_arguments_exit_2_with_a_message_and_write_nothing(tmp_path, args, message):
+    out = tmp_path / "b"
+    r = run("export", "--model", "tiny", *args, "--out", out)
+    assert r.exit_code == 2, r.output
+    assert message in " ".join(r.output.split())
+    assert "Traceback" not in r.output
+    assert not out.exists()
+
+
+def test_refuses_to_overwrite_a_directory_that_is_not_a_bundle(tmp_path):
+    out = tmp_path / "precious"
+    out.mkdir()
+    (out / "data.txt").write_text("x")
+    r = run("export", "--model", "tiny", "--out", out)
+    assert r.exit_code == 2 and "--force" in r.output
+    assert [p.name for p in out.iterdir()] == ["data.txt"]
+
+
+def test_checkpoint_round_trip(tmp_path):
+    from conftest import tiny
+    from vit_deploy.checkpoints import save_weights
+
+    path = save_weights(tiny("factorized", "mean", num_classes=4), tmp_path / "w.safetensors")
+    r = run("export", "--model", "tiny", "--checkpoint", path, "--out", tmp_path / "b",
+            "--no-simplify")
+    assert r.exit_code == 0, r.output
+    cfg = json.loads((tmp_path / "b" / MANIFEST_NAME).read_text())["config"]
+    assert (cfg["pos_embed"], cfg["num_classes"]) == ("factorized", 4)
+
+
+def test_checkpoint_with_wrong_layout_lists_keys(tmp_path):
+    import torch
+
+    path = tmp_path / "w.pt"
+    torch.save({"blocks.0.attn.in_proj_weight": torch.zeros(3)}, path)
+    r = run("export", "--model", "tiny", "--checkpoint", path, "--out", tmp_path / "b")
+    assert r.exit_code == 2
+    assert "missing keys" in r.output and "unexpected keys" in r.output
+    assert "in_proj_weight" in r.output
+
+
+def test_pickle_that_runs_code_is_refused(tmp_path):
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    path = tmp_path / "evil.pth"
+    path.write_bytes(pickle.dumps({"x": Evil()}))
+    r = run("export", "--model", "tiny", "--checkpoint", path, "--out", tmp_path / "b")
+    assert r.exit_code == 2 and "weights_only" in r.output
+    assert "pwned" not in r.output
+
+
+def test_info_on_something_that_is_not_a_bundle(tmp_path):
+    r = run("info", tmp_path)
+    assert r.exit_code == 2 and "not a vit-deploy bundle" in r.output

@@ -1,0 +1,208 @@
+"""vit-deploy command line: thin click commands over the library."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from vit_deploy.config import POOLS, POS_EMBED_KINDS, VARIANTS
+from vit_deploy.contract import OPSET
+from vit_deploy.sizes import format_resolution, parse_resolution
+
+
+class ResolutionType(click.ParamType):
+    name = "N|HxW"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None):
+        if isinstance(value, tuple):
+            return value
+        try:
+            return parse_resolution(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+RESOLUTION = ResolutionType()
+
+
+def _console() -> Console:
+    return Console(highlight=False, soft_wrap=True)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="vit-deploy")
+def main() -> None:
+    """Take a Vision Transformer from PyTorch to ONNX Runtime, with proof it still matches."""
+
+
+@main.command()
+@click.option("--model", "variant_name", default="B", show_default=True,
+              help=f"Model size ({', '.join(VARIANTS)}), optionally with /PATCH (B/16).")
+@click.option("--patch", type=click.IntRange(min=1), default=None,
+              help="Patch size (8, 14, 16, 32 for the named sizes). Default 16 (tiny: 8).")
+@click.option("--res", "resolution", type=RESOLUTION, default=None,
+              help="Deploy resolution, N or HxW: parity is checked there and preprocessing "
+                   "resizes to it. Default: the native resolution.")
+@click.option("--native-res", type=RESOLUTION, default=None,
+              help="Native resolution of a newly built model (its position table). Default 224.")
+@click.option("--checkpoint", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Weights: a vit-deploy .safetensors (carries its config) or a state dict "
+                   "in this layout. Default: random weights (seeded).")
+@click.option("--pos-embed", type=click.Choice(POS_EMBED_KINDS), default="learned", show_default=True)
+@click.option("--pool", type=click.Choice(POOLS), default="cls", show_default=True)
+@click.option("--num-classes", type=click.IntRange(min=1), default=None,
+              help="Classes of the head. Default 1000 (tiny: 10).")
+@click.option("--static", is_flag=True, help="Freeze --res into the graph (no Resize node).")
+@click.option("--no-simplify", is_flag=True, help="Skip onnxsim.")
+@click.option("--features", is_flag=True, help="Also output the pooled features ('pooled').")
+@click.option("--opset", type=click.IntRange(min=18), default=OPSET, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of random weights.")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Bundle directory. Default: ./vit-<model><patch>-<res>.")
+@click.option("--force", is_flag=True, help="Replace --out even if it is not a bundle.")
+def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | None,
+           native_res: tuple[int, int] | None, checkpoint: Path | None, pos_embed: str, pool: str,
+           num_classes: int | None, static: bool, no_simplify: bool, features: bool, opset: int,
+           seed: int, out: Path | None, force: bool) -> None:
+    """Export a ViT to an ONNX bundle that takes any H×W divisible by the patch size.
+
+    Checks ONNX Runtime (CPU) against PyTorch at several resolutions and batch sizes;
+    a failing case fails the export and leaves nothing behind.
+    """
+    from vit_deploy.atomic import OutputExistsError, check_destination
+    from vit_deploy.checkpoints import CheckpointError, load_model
+    from vit_deploy.config import parse_variant, variant
+    from vit_deploy.export.bundle import ExportOptions, export_bundle
+    from vit_deploy.export.onnx import ExportError
+    from vit_deploy.model import build_model
+    from vit_deploy.parity import ParityError
+    from vit_deploy.sizes import check_input_size
+
+    try:
+        size, variant_patch = parse_variant(variant_name)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--model") from None
+    overrides: dict[str, Any] = dict(pos_embed=pos_embed, pool=pool, class_token=True)
+    if patch is not None or variant_patch is not None:
+        overrides["patch_size"] = patch or variant_patch
+    if native_res is not None:
+        overrides["img_size"] = native_res
+    if num_classes is not None:
+        overrides["num_classes"] = num_classes
+    try:
+        cfg = variant(size, **overrides)
+    except ValueError as e:
+        raise click.UsageError(f"invalid model settings: {e}") from None
+    try:
+        model = load_model(checkpoint, cfg) if checkpoint else build_model(cfg, seed=seed)
+    except CheckpointError as e:
+        raise click.BadParameter(str(e), param_hint="--checkpoint") from None
+    cfg = model.cfg
+    resolution = resolution or cfg.img_size
+    try:
+        check_input_size(*resolution, cfg.patch_size)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--res") from None
+    out = out or Path(f"vit-{size}{cfg.patch_size}-{_res_label(resolution)}")
+    try:
+        check_destination(out, force=force)
+    except OutputExistsError as e:
+        raise click.BadParameter(str(e), param_hint="--out") from None
+
+    console = _console()
+    console.print(f"exporting {cfg.name or size} ({_params(model) / 1e6:.1f} M parameters, "
+                  f"{cfg.pos_embed} positions, {cfg.pool} pooling) at "
+                  f"{format_resolution(resolution)}, {'static' if static else 'dynamic'} -> {out}")
+    options = ExportOptions(resolution=resolution, static=static, simplify=not no_simplify,
+                            opset=opset, features=features, force=force)
+    try:
+        result = export_bundle(model, out, options=options)
+    except ParityError as e:
+        console.print(str(e.report))
+        console.print(f"[red]export failed: parity did not hold; nothing written to {out}[/]")
+        sys.exit(1)
+    except (ExportError, OSError) as e:
+        console.print(f"[red]export failed: {e}[/]")
+        sys.exit(1)
+    console.print(str(result.report))
+    _print_summary(console, result.manifest, result.path)
+    for note in result.notes:
+        console.print(f"note: {note}")
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
+@click.option("--no-verify", is_flag=True, help="Skip the sha256 check of the files.")
+def info(bundle: Path, as_json: bool, no_verify: bool) -> None:
+    """Describe a bundle: model, inputs, files, parity, tool versions."""
+    from vit_deploy.runtime.manifest import BundleError, load_manifest
+
+    try:
+        manifest = load_manifest(bundle, verify=not no_verify)
+    except BundleError as e:
+        raise click.BadParameter(str(e), param_hint="BUNDLE") from None
+    if as_json:
+        click.echo(json.dumps(manifest, indent=2))
+        return
+    _print_summary(_console(), manifest, bundle)
+
+
+def _print_summary(console: Console, manifest: dict[str, Any], path: Path) -> None:
+    cfg, io, exp = manifest["config"], manifest["io"], manifest.get("export", {})
+    pre = manifest["preprocess"]
+    inp = io["inputs"][0]
+    console.print(f"bundle {path}: {cfg.get('name') or 'ViT'} width {cfg['width']} depth "
+                  f"{cfg['depth']} heads {cfg['heads']} patch {cfg['patch_size']}, native "
+                  f"{format_resolution(tuple(cfg['img_size']))}, {cfg['num_classes']} classes")
+    console.print(f"input {inp['name']} {inp['shape']} {inp['dtype']}"
+                  + (f" ({io['dim_rule']})" if io.get("dim_rule") else " (static)")
+                  + f"; outputs {[o['name'] for o in io['outputs']]}; preprocessing "
+                  f"{pre['resize']} to {format_resolution(tuple(pre['resolution']))}")
+    table = Table("file", "role", "size", "nodes", "sha256")
+    for name, entry in manifest["files"].items():
+        nodes = str(exp.get("nodes", "")) if entry.get("role", "").startswith("model") else ""
+        table.add_row(name, entry.get("role", ""), _size(entry["size"]), nodes,
+                      entry["sha256"][:12])
+    console.print(table)
+    simp = exp.get("simplify", {})
+    if simp.get("requested"):
+        console.print(f"onnxsim: {simp.get('nodes_before')} -> {simp.get('nodes_after', '?')} "
+                      f"nodes, {'kept' if simp.get('kept') else 'discarded'}")
+    parity = manifest.get("parity", {})
+    cases = parity.get("cases", [])
+    if cases:
+        worst = max(c["max_abs"] for c in cases)
+        cos = min(c["cosine"] for c in cases)
+        console.print(f"parity: {'PASS' if parity.get('passed') else 'FAIL'} on "
+                      f"{len({c['provider'] for c in cases})} provider(s) "
+                      f"{sorted({c['provider'] for c in cases})}, {len(cases)} cases, worst "
+                      f"max|Δ| {worst:.2e}, min cosine {cos:.7f}")
+    if "total_s" in exp:
+        console.print(f"export took {exp['total_s']} s (torch.onnx.export {exp['export_s']} s)")
+
+
+def _res_label(hw: tuple[int, int]) -> str:
+    return str(hw[0]) if hw[0] == hw[1] else format_resolution(hw)
+
+
+def _params(model: Any) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""ViT configuration: one frozen dataclass, named variants, JSON round-trip."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+POS_EMBED_KINDS = ("learned", "factorized")
+POOLS = ("cls", "mean")
+INTERP_MODES = ("bicubic", "bilinear")
+PATCH_SIZES = (8, 14, 16, 32)
+
+# Width / depth / heads per model size. Source: Dosovitskiy et al. 2021, Table 1
+# (B, L), Touvron et al. 2021 (DeiT: Ti, S). MLP ratio 4 for all.
+# `tiny` is ours: small enough that tests export it in a second or two.
+VARIANTS: dict[str, dict[str, int]] = {
+    "Ti": dict(width=192, depth=12, heads=3),
+    "S": dict(width=384, depth=12, heads=6),
+    "B": dict(width=768, depth=12, heads=12),
+    "L": dict(width=1024, depth=24, heads=16),
+    "tiny": dict(width=48, depth=2, heads=3),
+}
+
+# ImageNet statistics: what timm / torchvision ViTs were trained with.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ViTConfig:
+    """Everything needed to rebuild the model; serialised into every bundle."""
+
+    img_size: tuple[int, int] = (224, 224)  # native (H, W): the position table's grid × patch
+    patch_size: int = 16
+    in_chans: int = 3
+    width: int = 768
+    depth: int = 12
+    heads: int = 12
+    mlp_ratio: float = 4.0
+    num_classes: int = 1000
+    qkv_bias: bool = True
+    norm_eps: float = 1e-6
+    pos_embed: str = "learned"  # learned | factorized
+    pool: str = "cls"  # cls | mean (mean averages the patch tokens only)
+    class_token: bool = True
+    pos_interp: str = "bicubic"  # how the position table is resampled to another grid
+    pos_antialias: bool = False  # timm: True; Hugging Face ViT: False
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+    name: str = field(default="")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "img_size", _pair(self.img_size, "img_size"))
+        object.__setattr__(self, "mean", tuple(float(v) for v in self.mean))
+        object.__setattr__(self, "std", tuple(float(v) for v in self.std))
+        checks = [
+            (self.pos_embed in POS_EMBED_KINDS,
+             f"pos_embed must be one of {POS_EMBED_KINDS}, got {self.pos_embed!r}"),
+            (self.pool in POOLS, f"pool must be one of {POOLS}, got {self.pool!r}"),
+            (self.pos_interp in INTERP_MODES,
+             f"pos_interp must be one of {INTERP_MODES}, got {self.pos_interp!r}"),
+            (self.pool != "cls" or self.class_token,
+             "pool='cls' needs class_token=True"),
+            (self.patch_size >= 1, f"patch_size must be >= 1, got {self.patch_size}"),
+            (min(self.width, self.depth, self.heads, self.in_chans, self.num_classes) >= 1,
+             "width, depth, heads, in_chans and num_classes must all be >= 1"),
+            (self.width % self.heads == 0,
+             f"width {self.width} is not divisible by heads {self.heads}"),
+            (all(s % self.patch_size == 0 and s > 0 for s in self.img_size),
+             f"img_size {self.img_size} must be positive multiples of patch_size "
+             f"{self.patch_size}"),
+            (len(self.mean) == self.in_chans and len(self.std) == self.in_chans,
+             f"mean/std need {self.in_chans} values, got {len(self.mean)}/{len(self.std)}"),
+            (all(s > 0 for s in self.std), f"std must be positive, got {self.std}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        """Native patch grid (gh, gw)."""
+        return (self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size)
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return int(self.class_token)
+
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.heads
+
+    def replace(self, **changes: Any) -> ViTConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for key in ("img_size", "mean", "std"):
+            d[key] = list(d[key])
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ViTConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown ViTConfig keys {unknown}; known keys: {sorted(known)}")
+        d = dict(d)
+        for key in ("img_size", "mean", "std"):
+            if key in d:
+                d[key] = tuple(d[key])
+        return cls(**d)
+
+    @classmethod
+    def from_json(cls, text: str) -> ViTConfig:
+        return cls.from_dict(json.loads(text))
+
+
+def _pair(value: Any, what: str) -> tuple[int, int]:
+    if isinstance(value, int):
+        return (value, value)
+    try:
+        h, w = value
+        return (int(h), int(w))
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be an int or a pair of ints, got {value!r}") from None
+
+
+def parse_variant(name: str) -> tuple[str, int | None]:
+    """'B/16' -> ('B', 16); 'B' -> ('B', None)."""
+    size, _, patch = name.partition("/")
+    if size not in VARIANTS:
+        raise ValueError(f"unknown model variant {name!r}; known: {', '.join(VARIANTS)} "
+                         f"(optionally with /PATCH, e.g. B/16)")
+    if not patch:
+        return size, None
+    if not patch.isdigit() or int(patch) < 1:
+        raise ValueError(f"patch size in {name!r} must be a positive integer")
+    return size, int(patch)
+
+
+def variant(name: str, **overrides: Any) -> ViTConfig:
+    """Config of a named variant: variant('B/16'), variant('tiny', patch_size=8).
+
+    Ti/S/B/L use patch 16 and 224×224 unless given; `tiny` uses patch 8 on 32×32.
+    """
+    size, patch = parse_variant(name)
+    base: dict[str, Any] = dict(VARIANTS[size])
+    if size == "tiny":
+        base.update(img_size=(32, 32), patch_size=8, num_classes=10)
+    if patch is not None:
+        base["patch_size"] = patch
+    if "patch_size" in overrides and overrides["patch_size"] is None:
+        overrides.pop("patch_size")
+    base.update({k: v for k, v in overrides.items()})
+    p = base.get("patch_size", 16)
+    base.setdefault("name", f"{size}/{p}")
+    return ViTConfig(**base)

@@ -1,0 +1,25 @@
+"""The export contract as data: names, dims, opset, tolerances (torch-free)."""
+
+from __future__ import annotations
+
+INPUT_NAME = "pixel_values"  # (batch, channels, height, width) float32, normalised
+LOGITS_NAME = "logits"  # (batch, classes) float32
+FEATURES_NAME = "pooled"  # (batch, width) float32, only when exported with features
+BATCH_DIM, HEIGHT_DIM, WIDTH_DIM = "batch", "height", "width"
+
+OPSET = 18  # Resize with antialias needs >= 18
+IR_VERSION = 10  # onnx 1.23 writes 14 by default; onnxruntime 1.31 reads at most 13
+PRODUCER = "vit-deploy"
+METADATA_CONFIG_KEY = "vit_deploy.config"
+
+MANIFEST_NAME = "manifest.json"
+BUNDLE_FORMAT = "vit-deploy-bundle"
+BUNDLE_FORMAT_VERSION = 1
+MODEL_FILE = "model.onnx"
+WEIGHTS_FILE = "weights.safetensors"
+
+# Tolerance policy, PyTorch fp32 as the reference (DESIGN.md).
+FP32_ABS_TOL = 1e-4  # scaled by max(1, max|ref|)
+COSINE_MIN = {"fp32": 0.99999, "fp16": 0.999, "int8": 0.99, "int4": 0.95}
+# Batch independence: rows of untouched images may move only by float noise.
+INDEPENDENCE_ABS_TOL = 1e-5

@@ -1,0 +1,1 @@
+"""The torch side: PyTorch model -> ONNX -> simplified -> bundle. Needs the `export` extra."""

@@ -1,0 +1,127 @@
+"""PyTorch ViT -> ONNX with torch.onnx.export(dynamo=True): dynamic batch and patch grid."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+import torch
+
+from vit_deploy.atomic import write_bytes_atomic
+from vit_deploy.contract import (BATCH_DIM, HEIGHT_DIM, INPUT_NAME, IR_VERSION, LOGITS_NAME,
+                                 FEATURES_NAME, METADATA_CONFIG_KEY, OPSET, PRODUCER, WIDTH_DIM)
+from vit_deploy.model import ViT, ViTWithFeatures
+
+# Trace on a non-square grid that is nobody's native grid, with batch 2, so nothing
+# specialises on a size (DESIGN.md).
+TRACE_GRID = (13, 17)
+TRACE_BATCH = 2
+
+
+class ExportError(RuntimeError):
+    """torch.onnx.export or the ONNX checks failed."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class OnnxOptions:
+    opset: int = OPSET
+    static_resolution: tuple[int, int] | None = None  # freeze one (H, W): no Resize in the graph
+    features: bool = False  # also output the pooled features (B, D)
+
+
+def export_onnx(model: ViT, dst: str | Path, *, options: OnnxOptions = OnnxOptions()) -> Path:
+    """Export `model` to `dst` (written atomically); returns `dst`.
+
+    Dynamic: input (batch, C, height, width) with height = P·gh, width = P·gw.
+    Static: one (H, W), the position table folded to a constant.
+    """
+    if options.opset < 18:
+        raise ValueError(f"opset must be >= 18 (Resize with antialias), got {options.opset}")
+    cfg = model.cfg
+    P = cfg.patch_size
+    model = model.eval()
+    if options.static_resolution is not None:
+        model = model.frozen_at(*options.static_resolution)
+        example = torch.randn(TRACE_BATCH, cfg.in_chans, *options.static_resolution)
+        dynamic_shapes = {"x": {0: torch.export.Dim("batch", min=1)}}
+    else:
+        example = torch.randn(TRACE_BATCH, cfg.in_chans, P * TRACE_GRID[0], P * TRACE_GRID[1])
+        gh, gw = torch.export.Dim("gh", min=1), torch.export.Dim("gw", min=1)
+        dynamic_shapes = {"x": {0: torch.export.Dim("batch", min=1), 2: P * gh, 3: P * gw}}
+    module: torch.nn.Module = ViTWithFeatures(model) if options.features else model
+    output_names = [LOGITS_NAME, FEATURES_NAME] if options.features else [LOGITS_NAME]
+    try:
+        with _quiet(), torch.no_grad():
+            program = torch.onnx.export(
+                module, (example,), dynamo=True, input_names=[INPUT_NAME],
+                output_names=output_names, dynamic_shapes=dynamic_shapes,
+                opset_version=options.opset, verbose=False, optimize=True)
+    except Exception as e:  # the exporter raises many types; keep the message, drop the noise
+        raise ExportError(f"torch.onnx.export failed for {cfg.name or 'model'}: {e}") from e
+    proto = program.model_proto
+    finalize(proto, config_json=cfg.to_json())
+    check(proto)
+    return write_bytes_atomic(dst, proto.SerializeToString())
+
+
+def finalize(proto: onnx.ModelProto, *, config_json: str) -> None:
+    """Name the dynamic dims, pin the IR version, and store the config in the metadata."""
+    inp = proto.graph.input[0].type.tensor_type.shape.dim
+    renames = {inp[0].dim_param: BATCH_DIM}
+    if inp[2].dim_param:
+        renames[inp[2].dim_param] = HEIGHT_DIM
+    if inp[3].dim_param:
+        renames[inp[3].dim_param] = WIDTH_DIM
+    renames.pop("", None)
+    for value in [*proto.graph.input, *proto.graph.output, *proto.graph.value_info]:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param in renames:
+                dim.dim_param = renames[dim.dim_param]
+    proto.ir_version = IR_VERSION
+    proto.producer_name = PRODUCER
+    set_metadata(proto, {METADATA_CONFIG_KEY: config_json})
+
+
+def set_metadata(proto: onnx.ModelProto, props: dict[str, str]) -> None:
+    kept = [p for p in proto.metadata_props if p.key not in props]
+    del proto.metadata_props[:]
+    proto.metadata_props.extend(kept)
+    for key, value in props.items():
+        proto.metadata_props.add(key=key, value=value)
+
+
+def check(proto: onnx.ModelProto) -> None:
+    """onnx checker and strict shape inference must pass on every model we write."""
+    try:
+        onnx.checker.check_model(proto)
+        onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True)
+    except Exception as e:
+        raise ExportError(f"exported model fails the ONNX checks: {e}") from e
+
+
+def node_count(proto_or_path: onnx.ModelProto | str | Path) -> int:
+    proto = proto_or_path if isinstance(proto_or_path, onnx.ModelProto) else onnx.load(
+        str(proto_or_path), load_external_data=False)
+    return len(proto.graph.node)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """The exporter logs and warns about things that do not concern our users."""
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo",
+                                              "torch.fx.experimental.symbolic_shapes", "onnxscript")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)

@@ -1,0 +1,148 @@
+"""Comparing ONNX Runtime against the PyTorch reference, and the tolerance policy.
+
+numpy only: the reference is any callable (B, C, H, W) -> (B, K), so this module is
+shared by the exporter (torch reference) and by checks on a deployed bundle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from vit_deploy.contract import COSINE_MIN, FP32_ABS_TOL, INDEPENDENCE_ABS_TOL
+from vit_deploy.sizes import format_resolution
+
+Forward = Callable[[np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class ParityCase:
+    """One comparison: a resolution and batch on one provider at one precision."""
+
+    resolution: tuple[int, int]
+    batch: int
+    provider: str  # the provider that actually ran
+    precision: str
+    max_abs: float
+    max_rel: float  # max |Δ| / max |ref|
+    cosine: float  # minimum over the batch of per-image cosine similarity
+    top1_agree: float  # fraction of images with the same arg-max
+    abs_tol: float | None  # None where the policy has no absolute bound (quantised models)
+    cosine_min: float
+    passed: bool
+
+    @property
+    def label(self) -> str:
+        return f"{format_resolution(self.resolution)} b{self.batch}"
+
+
+@dataclass(frozen=True)
+class Check:
+    """A property check (batch independence, determinism): pass/fail with the number."""
+
+    name: str
+    subject: str  # e.g. "pytorch" or "onnxruntime:cpu"
+    passed: bool
+    value: float
+    limit: float
+    detail: str = ""
+
+
+@dataclass
+class ParityReport:
+    cases: list[ParityCase] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return all(c.passed for c in self.cases) and all(c.passed for c in self.checks)
+
+    @property
+    def failures(self) -> list[ParityCase | Check]:
+        return [c for c in [*self.cases, *self.checks] if not c.passed]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"passed": bool(self), "cases": [asdict(c) | {"label": c.label} for c in self.cases],
+                "checks": [asdict(c) for c in self.checks]}
+
+    def __str__(self) -> str:
+        rows = [("case", "provider", "prec", "max|Δ|", "tol", "cosine", "top1", "result")]
+        for c in self.cases:
+            rows.append((c.label, c.provider, c.precision, f"{c.max_abs:.2e}",
+                         "-" if c.abs_tol is None else f"{c.abs_tol:.1e}", f"{c.cosine:.7f}",
+                         f"{c.top1_agree:.0%}", "ok" if c.passed else "FAIL"))
+        for k in self.checks:
+            rows.append((k.name, k.subject, "", f"{k.value:.2e}", f"{k.limit:.1e}", "", "",
+                         "ok" if k.passed else "FAIL"))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+        verdict = "PASS" if self else f"FAIL ({len(self.failures)} of {len(rows) - 1})"
+        return "\n".join([*lines, f"parity: {verdict}"])
+
+
+class ParityError(RuntimeError):
+    """Raised with the whole report when any case or check failed."""
+
+    def __init__(self, report: ParityReport):
+        self.report = report
+        super().__init__(f"parity failed in {len(report.failures)} case(s):\n{report}")
+
+
+def metrics(ref: np.ndarray, out: np.ndarray) -> dict[str, float]:
+    """max |Δ|, relative max |Δ|, min per-row cosine, top-1 agreement of (B, K) arrays."""
+    if ref.shape != out.shape:
+        raise ValueError(f"reference shape {ref.shape} differs from output shape {out.shape}")
+    ref64, out64 = ref.astype(np.float64).reshape(len(ref), -1), out.astype(np.float64).reshape(len(out), -1)
+    diff = np.abs(ref64 - out64)
+    scale = float(np.abs(ref64).max()) if ref64.size else 0.0
+    norms = np.linalg.norm(ref64, axis=1) * np.linalg.norm(out64, axis=1)
+    dots = (ref64 * out64).sum(axis=1)
+    cos = np.where(norms > 0, dots / np.maximum(norms, 1e-300), (diff.max(axis=1) == 0) * 1.0)
+    return {
+        "max_abs": float(diff.max()) if diff.size else 0.0,
+        "max_rel": float(diff.max() / scale) if scale > 0 else float(diff.max() if diff.size else 0),
+        "cosine": float(cos.min()) if cos.size else 1.0,
+        "top1_agree": float((ref64.argmax(1) == out64.argmax(1)).mean()) if ref64.size else 1.0,
+        "ref_scale": scale,
+    }
+
+
+def judge(ref: np.ndarray, out: np.ndarray, *, resolution: tuple[int, int], provider: str,
+          precision: str = "fp32") -> ParityCase:
+    """Apply the tolerance policy of DESIGN.md to one comparison."""
+    if precision not in COSINE_MIN:
+        raise ValueError(f"unknown precision {precision!r}; known: {sorted(COSINE_MIN)}")
+    m = metrics(ref, out)
+    abs_tol = FP32_ABS_TOL * max(1.0, m["ref_scale"]) if precision == "fp32" else None
+    cos_min = COSINE_MIN[precision]
+    passed = m["cosine"] >= cos_min and (abs_tol is None or m["max_abs"] <= abs_tol)
+    passed = passed and bool(np.isfinite(out).all())
+    return ParityCase(resolution=tuple(resolution), batch=len(ref), provider=provider,
+                      precision=precision, max_abs=m["max_abs"], max_rel=m["max_rel"],
+                      cosine=m["cosine"], top1_agree=m["top1_agree"], abs_tol=abs_tol,
+                      cosine_min=cos_min, passed=passed)
+
+
+def sample_inputs(resolution: tuple[int, int], batch: int, *, channels: int = 3,
+                  seed: int = 0) -> np.ndarray:
+    """Deterministic normalised-pixel-like inputs, (B, C, H, W) float32."""
+    rng = np.random.default_rng([seed, resolution[0], resolution[1], batch])
+    return rng.standard_normal((batch, channels, *resolution), dtype=np.float32)
+
+
+def batch_independence(forward: Forward, resolution: tuple[int, int], *, subject: str,
+                       batch: int = 3, channels: int = 3) -> Check:
+    """Change only the last image of a batch: no other image's output may move."""
+    x = sample_inputs(resolution, batch, channels=channels, seed=1)
+    x2 = x.copy()
+    x2[-1] += 10.0
+    a, b = forward(x), forward(x2)
+    moved = float(np.abs(a[:-1] - b[:-1]).max())
+    scale = max(1.0, float(np.abs(a).max()))
+    limit = INDEPENDENCE_ABS_TOL * scale
+    changed = float(np.abs(a[-1] - b[-1]).max())
+    return Check(name="batch-independence", subject=subject, passed=moved <= limit, value=moved,
+                 limit=limit, detail=f"{format_resolution(resolution)} b{batch}; the changed "
+                                     f"image moved by {changed:.3g}")

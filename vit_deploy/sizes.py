@@ -1,0 +1,51 @@
+"""Input sizes and patch grids (torch-free: used by the model, the CLI and the runtime)."""
+
+from __future__ import annotations
+
+import re
+
+_RES_RE = re.compile(r"^\s*(\d+)\s*(?:[xX×]\s*(\d+)\s*)?$")
+
+
+def parse_resolution(text: str | int) -> tuple[int, int]:
+    """'448' -> (448, 448); '320x480' -> (320, 480) as (height, width)."""
+    if isinstance(text, int):
+        text = str(text)
+    m = _RES_RE.match(str(text))
+    if not m:
+        raise ValueError(f"resolution must be N or HxW with positive integers (e.g. 448 or "
+                         f"320x480), got {text!r}")
+    h = int(m.group(1))
+    w = int(m.group(2)) if m.group(2) is not None else h
+    if h <= 0 or w <= 0:
+        raise ValueError(f"resolution must be positive, got {text!r}")
+    return h, w
+
+
+def format_resolution(hw: tuple[int, int]) -> str:
+    return f"{hw[0]}x{hw[1]}"
+
+
+def nearest_valid_sizes(size: int, patch: int) -> tuple[int, ...]:
+    """The multiples of `patch` nearest to `size` (one or two of them, all >= patch)."""
+    lower = (size // patch) * patch
+    if lower < patch:
+        return (patch,)
+    if lower == size:
+        return (size,)
+    return (lower, lower + patch)
+
+
+def check_input_size(height: int, width: int, patch: int) -> None:
+    """Raise ValueError unless both sides are positive multiples of the patch size."""
+    for side, size in (("height", height), ("width", width)):
+        if size < patch or size % patch:
+            near = " or ".join(str(s) for s in nearest_valid_sizes(size, patch))
+            raise ValueError(
+                f"input {side} {size} is not a positive multiple of the patch size {patch}; "
+                f"nearest valid sizes: {near}")
+
+
+def grid_of(height: int, width: int, patch: int) -> tuple[int, int]:
+    check_input_size(height, width, patch)
+    return height // patch, width // patch
