@@ -105,3 +105,33 @@ def test_pickle_that_runs_code_is_refused(tmp_path):
 def test_info_on_something_that_is_not_a_bundle(tmp_path):
     r = run("info", tmp_path)
     assert r.exit_code == 2 and "not a vit-deploy bundle" in r.output
+
+
+def test_predict_and_providers(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    out = tmp_path / "b"
+    assert run("export", "--model", "tiny", "--no-simplify", "--out", out).exit_code == 0
+    image = tmp_path / "a.png"
+    Image.fromarray(np.full((20, 30, 3), 90, np.uint8)).save(image)
+    r = run("predict", out, image, "--top-k", "2", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert data["providers"] == ["cpu"] and len(data["predictions"][0]["top"]) == 2
+    r = run("predict", out, image, "--resize", "patch_multiple", "--res", "64")
+    assert r.exit_code == 0 and "ran on cpu" in r.output and "(64x96)" in r.output
+
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"nope")
+    r = run("predict", out, bad)
+    assert r.exit_code == 2 and "not an image" in r.output and "Traceback" not in r.output
+    r = run("predict", out, image, "--provider", "warp-drive")
+    assert r.exit_code == 2 and "unknown provider 'warp-drive'" in r.output
+
+    r = run("providers", "--json")
+    assert r.exit_code == 0
+    listed = {p["alias"]: p for p in json.loads(r.output)["providers"]}
+    assert listed["cpu"]["usable"] is True
+    for p in listed.values():
+        assert p["usable"] or p["reason"]  # an unusable provider always says why

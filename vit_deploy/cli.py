@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -65,11 +66,13 @@ def main() -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of random weights.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Bundle directory. Default: ./vit-<model><patch>-<res>.")
+@click.option("--labels", "labels_file", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Class names, one per line (as many as classes).")
 @click.option("--force", is_flag=True, help="Replace --out even if it is not a bundle.")
 def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | None,
            native_res: tuple[int, int] | None, checkpoint: Path | None, pos_embed: str, pool: str,
            num_classes: int | None, static: bool, no_simplify: bool, features: bool, opset: int,
-           seed: int, out: Path | None, force: bool) -> None:
+           seed: int, out: Path | None, labels_file: Path | None, force: bool) -> None:
     """Export a ViT to an ONNX bundle that takes any H×W divisible by the patch size.
 
     Checks ONNX Runtime (CPU) against PyTorch at several resolutions and batch sizes;
@@ -109,6 +112,7 @@ def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | N
         check_input_size(*resolution, cfg.patch_size)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--res") from None
+    labels = _read_labels(labels_file, cfg.num_classes) if labels_file else None
     out = out or Path(f"vit-{size}{cfg.patch_size}-{_res_label(resolution)}")
     try:
         check_destination(out, force=force)
@@ -120,7 +124,7 @@ def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | N
                   f"{cfg.pos_embed} positions, {cfg.pool} pooling) at "
                   f"{format_resolution(resolution)}, {'static' if static else 'dynamic'} -> {out}")
     options = ExportOptions(resolution=resolution, static=static, simplify=not no_simplify,
-                            opset=opset, features=features, force=force)
+                            opset=opset, features=features, force=force, labels=labels)
     try:
         result = export_bundle(model, out, options=options)
     except ParityError as e:
@@ -152,6 +156,102 @@ def info(bundle: Path, as_json: bool, no_verify: bool) -> None:
         click.echo(json.dumps(manifest, indent=2))
         return
     _print_summary(_console(), manifest, bundle)
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.argument("images", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--provider", default="cpu", show_default=True,
+              help="Provider alias or list in preference order (cpu, cuda, tensorrt, ...).")
+@click.option("--fallback", is_flag=True, help="Allow falling back to the next provider.")
+@click.option("--precision", default="fp32", show_default=True)
+@click.option("--top-k", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--resize", type=click.Choice(["shorter_side_center_crop", "patch_multiple"]),
+              default=None, help="Override the manifest's resize rule.")
+@click.option("--res", "resolution", type=RESOLUTION, default=None,
+              help="Override the manifest's resolution (dynamic bundles take any multiple "
+                   "of the patch size).")
+@click.option("--threads", type=click.IntRange(min=1), default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def predict(bundle: Path, images: tuple[Path, ...], provider: str, fallback: bool,
+            precision: str, top_k: int, resize: str | None, resolution: tuple[int, int] | None,
+            threads: int | None, as_json: bool) -> None:
+    """Classify IMAGES with a bundle (no torch needed)."""
+    from vit_deploy.runtime import (BundleError, ImageError, ProviderError, RuntimeOptions,
+                                    ViTSession)
+
+    try:
+        with warnings.catch_warnings():  # a fallback is reported below, in plain words
+            warnings.simplefilter("ignore", RuntimeWarning)
+            session = ViTSession(bundle, provider=provider, precision=precision,
+                                 fallback=fallback, options=RuntimeOptions(threads=threads))
+    except (BundleError, FileNotFoundError) as e:
+        raise click.BadParameter(str(e), param_hint="BUNDLE") from None
+    except (ProviderError, ValueError) as e:
+        raise click.BadParameter(str(e), param_hint="--provider") from None
+    with session:
+        try:
+            pre = session.preprocess(resize=resize, resolution=resolution)
+            predictions = session.predict(list(images), top_k=top_k, preprocess=pre)
+        except (ImageError, ValueError) as e:
+            raise click.BadParameter(str(e), param_hint="IMAGES") from None
+        ran_on = [_alias(p) for p in session.providers]
+    if as_json:
+        click.echo(json.dumps({"providers": ran_on, "precision": precision,
+                               "predictions": [p.to_dict() for p in predictions]}, indent=2))
+        return
+    console = _console()
+    console.print(f"ran on {ran_on[0]} ({precision})" + (f"; {session.fallback_reason}"
+                                                        if session.fallback_reason else ""))
+    for p in predictions:
+        table = Table("rank", "class", "label", "probability", title=f"{p.source} "
+                      f"({format_resolution(p.input_size)})", title_justify="left")
+        for rank, c in enumerate(p.top, 1):
+            table.add_row(str(rank), str(c.index), c.label or "", f"{c.probability:.4f}")
+        console.print(table)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def providers(as_json: bool) -> None:
+    """What this onnxruntime lists, and whether a session really runs on each here."""
+    import onnxruntime as ort
+
+    from vit_deploy.runtime.providers import available, probe
+
+    results = [probe(name) for name in available()]
+    if as_json:
+        click.echo(json.dumps({"onnxruntime": ort.__version__, "device": ort.get_device(),
+                               "providers": [r.__dict__ | {"alias": r.alias} for r in results]},
+                              indent=2))
+        return
+    table = Table("provider", "alias", "usable here", title=f"onnxruntime {ort.__version__}",
+                  title_justify="left")
+    for r in results:
+        table.add_row(r.name, r.alias, "yes" if r.usable else "no (see below)")
+    console = _console()
+    console.print(table)
+    for r in results:
+        if not r.usable:
+            console.print(f"{r.alias}: {r.reason}")
+
+
+def _alias(name: str) -> str:
+    from vit_deploy.runtime.providers import short_name
+
+    return short_name(name)
+
+
+def _read_labels(path: Path, num_classes: int) -> list[str]:
+    try:
+        labels = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()
+                  if line.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise click.BadParameter(f"cannot read {str(path)!r}: {e}", param_hint="--labels") from None
+    if len(labels) != num_classes:
+        raise click.BadParameter(f"{str(path)!r} has {len(labels)} labels, the model has "
+                                 f"{num_classes} classes", param_hint="--labels")
+    return labels
 
 
 def _print_summary(console: Console, manifest: dict[str, Any], path: Path) -> None:

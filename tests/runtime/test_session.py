@@ -11,7 +11,8 @@ import pytest
 from conftest import torch_logits
 from vit_deploy.contract import MANIFEST_NAME, MODEL_FILE
 from vit_deploy.parity import sample_inputs
-from vit_deploy.runtime import BundleError, InputError, ProviderError, ViTSession, parse_providers
+from vit_deploy.runtime import (BundleError, InputError, ProviderError, RuntimeOptions, ViTSession,
+                                parse_providers)
 
 
 def test_runtime_import_does_not_import_torch():
@@ -57,11 +58,12 @@ def test_bad_inputs_say_what_was_expected(tiny_bundle, x, match):
 
 def test_one_session_many_threads_same_results(tiny_bundle):
     _, result = tiny_bundle
-    inputs = [sample_inputs((8 * (1 + i % 5), 16), 1 + i % 3, seed=i) for i in range(40)]
+    inputs = [sample_inputs((8 * (1 + i % 5), 16), 1 + i % 3, seed=i) for i in range(50)]
     with ViTSession(result.path) as s:
         sequential = [s.run(x) for x in inputs]
-        with ThreadPoolExecutor(8) as pool:
-            threaded = list(pool.map(s.run, inputs))
+        with ThreadPoolExecutor(8) as pool:  # 8 threads x 50 runs each
+            threaded = list(pool.map(s.run, inputs * 8))
+    sequential = sequential * 8
     for a, b in zip(sequential, threaded):
         np.testing.assert_array_equal(a, b)
 
@@ -95,7 +97,8 @@ def _cuda_works() -> bool:
 @pytest.mark.skipif(_cuda_works(), reason="CUDA really runs here; the strict error cannot happen")
 def test_cuda_that_cannot_run_is_an_error_not_a_silent_cpu_run(tiny_bundle):
     _, result = tiny_bundle
-    with pytest.raises(ProviderError, match="cuda"):
+    with pytest.raises(ProviderError, match=r"\['cuda'\] asked for but not active; active: "
+                                            r"\['cpu'\].*onnxruntime says: .*(?i:fail)"):
         ViTSession(result.path, provider="cuda")
     with pytest.warns(RuntimeWarning, match="falling back"):
         s = ViTSession(result.path, provider="cuda,cpu", fallback=True)
@@ -125,3 +128,86 @@ def test_unknown_precision_lists_what_the_bundle_has(tiny_bundle):
     _, result = tiny_bundle
     with pytest.raises(BundleError, match=r"no 'int8' model; it has \['fp32'\]"):
         ViTSession(result.path, precision="int8")
+
+
+def test_predict_with_labels_features_and_top_k(tmp_path):
+    from PIL import Image
+
+    from conftest import tiny
+    from vit_deploy.export.bundle import ExportOptions, export_bundle
+
+    labels = tuple(f"class-{i}" for i in range(10))
+    result = export_bundle(tiny(), tmp_path / "b", options=ExportOptions(
+        resolution=(32, 32), features=True, labels=labels, simplify=False))
+    images = [np.full((40, 50, 3), v, np.uint8) for v in (0, 128, 255)]
+    path = tmp_path / "img.png"
+    Image.fromarray(images[1]).save(path)
+    with ViTSession(result.path) as s:
+        preds = s.predict([images[0], path, Image.fromarray(images[2])], top_k=3)
+        assert [len(p.top) for p in preds] == [3, 3, 3]
+        assert preds[1].source == str(path) and preds[1].input_size == (32, 32)
+        probs = [c.probability for c in preds[0].top]
+        assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1
+        assert preds[0].top[0].label == f"class-{preds[0].top[0].index}"
+        # the same image as an array and as a file gives the same answer
+        again = s.predict(images[1], top_k=3)[0]
+        assert [c.index for c in again.top] == [c.index for c in preds[1].top]
+        pooled = s.features(sample_inputs((16, 16), 2))
+        assert pooled.shape == (2, 48)
+        with pytest.raises(ValueError, match="top_k must be >= 1"):
+            s.predict(images[0], top_k=0)
+
+
+def test_features_missing_is_explained(tiny_bundle):
+    _, result = tiny_bundle
+    with ViTSession(result.path) as s, pytest.raises(BundleError, match="--features"):
+        s.features(sample_inputs((8, 8), 1))
+
+
+def test_placement_comes_from_ort_profile(tiny_bundle):
+    _, result = tiny_bundle
+    with ViTSession(result.path) as s:
+        placement = s.placement()
+        assert list(placement) == ["cpu"] and len(placement["cpu"]) > 10
+        assert s.cpu_fallback_nodes() == []  # cpu was asked for: nothing fell back
+
+
+def test_io_binding_gives_the_same_results(tiny_bundle):
+    _, result = tiny_bundle
+    x = sample_inputs((24, 32), 2)
+    with ViTSession(result.path) as plain, \
+            ViTSession(result.path, options=RuntimeOptions(io_binding=True)) as bound:
+        np.testing.assert_array_equal(plain.run(x), bound.run(x))
+
+
+def test_optimized_graph_cache_is_written_then_used(tiny_bundle, tmp_path):
+    _, result = tiny_bundle
+    bundle = tmp_path / "b"
+    shutil.copytree(result.path, bundle)
+    x = sample_inputs((16, 24), 1)
+    opts = RuntimeOptions(cache_optimized=True)
+    with ViTSession(bundle) as s:
+        expected = s.run(x)
+    with ViTSession(bundle, options=opts) as first:
+        assert not first.cache_hit
+        np.testing.assert_allclose(first.run(x), expected, atol=1e-6)
+    cached = list((bundle / ".ort-cache").glob("*.onnx"))
+    assert len(cached) == 1
+    with ViTSession(bundle, options=opts) as second:
+        assert second.cache_hit
+        np.testing.assert_allclose(second.run(x), expected, atol=1e-6)
+    # a cache that does not match its record is ignored and rewritten, not trusted
+    cached[0].write_bytes(b"garbage")
+    with ViTSession(bundle, options=opts) as third:
+        assert not third.cache_hit
+        np.testing.assert_allclose(third.run(x), expected, atol=1e-6)
+    assert cached[0].read_bytes() != b"garbage"
+
+
+def test_nonfinite_inputs_can_be_rejected(tiny_bundle):
+    _, result = tiny_bundle
+    x = sample_inputs((8, 8), 1)
+    x[0, 0, 0, 0] = np.nan
+    with ViTSession(result.path, options=RuntimeOptions(reject_nonfinite=True)) as s:
+        with pytest.raises(InputError, match="1 NaN/Inf"):
+            s.run(x)

@@ -39,6 +39,7 @@ class ExportOptions:
     opset: int = OPSET
     features: bool = False  # also output the pooled features
     force: bool = False  # replace an output that is not a bundle
+    labels: tuple[str, ...] | None = None  # class names, one per class, if known
 
 
 @dataclass
@@ -74,6 +75,8 @@ def export_bundle(model: ViT, out: str | Path, *, options: ExportOptions = Expor
     cfg = model.cfg
     resolution = options.resolution or cfg.img_size
     check_input_size(*resolution, cfg.patch_size)
+    if options.labels is not None and len(options.labels) != cfg.num_classes:
+        raise ValueError(f"{len(options.labels)} labels given for {cfg.num_classes} classes")
     model = model.eval()
     notes: list[str] = []
     with atomic_directory(out, force=options.force) as tmp:
@@ -132,7 +135,7 @@ def export_bundle(model: ViT, out: str | Path, *, options: ExportOptions = Expor
 
 def _verify(model: ViT, path: Path, inputs: dict, refs: dict) -> ParityReport:
     """ORT (CPU) against PyTorch on every case, and batch independence on both."""
-    with ViTSession(path, provider="cpu", verify=False) as session:
+    with ViTSession(path, provider="cpu") as session:
         provider = short_name(session.providers[0])
         cases: list[ParityCase] = [
             judge(refs[case], session.run(x), resolution=case[0], provider=provider)
@@ -156,6 +159,7 @@ def build_manifest(model: ViT, root: Path, *, options: ExportOptions, resolution
                    report: ParityReport, simplify_info: dict[str, Any], timings: dict[str, float],
                    notes: list[str]) -> dict[str, Any]:
     cfg = model.cfg
+    labels = list(options.labels) if options.labels else None
     h_dim, w_dim = (resolution if options.static else (HEIGHT_DIM, WIDTH_DIM))
     outputs = [{"name": LOGITS_NAME, "dtype": "float32", "shape": [BATCH_DIM, cfg.num_classes]}]
     if options.features:
@@ -184,6 +188,7 @@ def build_manifest(model: ViT, root: Path, *, options: ExportOptions, resolution
             "dim_rule": None if options.static else
             f"{HEIGHT_DIM} and {WIDTH_DIM} are positive multiples of {cfg.patch_size}",
         },
+        "labels": labels,
         "models": {"fp32": MODEL_FILE},
         "files": {name: file_entry(root / name) | {"role": role}
                   for name, role in ((MODEL_FILE, "model:fp32"), (WEIGHTS_FILE, "weights"))},

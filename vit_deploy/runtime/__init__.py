@@ -1,8 +1,17 @@
-"""Torch-free runtime: what an app embeds to run a vit-deploy bundle."""
+"""Torch-free runtime: what an app embeds to run a vit-deploy bundle.
+
+    from vit_deploy.runtime import ViTSession
+    with ViTSession("bundle/", provider="cuda,cpu") as s:
+        logits = s.run(pixel_values)
+        top = s.predict(["cat.jpg"], top_k=5)
+"""
 
 from vit_deploy.runtime.manifest import BundleError, load_manifest
-from vit_deploy.runtime.providers import ProviderError, available, parse_providers
-from vit_deploy.runtime.session import InputError, ViTSession
+from vit_deploy.runtime.preprocess import ImageError, Preprocess, load_image
+from vit_deploy.runtime.providers import ProviderError, available, parse_providers, probe
+from vit_deploy.runtime.session import (Classified, InputError, Prediction, RuntimeOptions,
+                                        ViTSession, softmax)
 
-__all__ = ["BundleError", "InputError", "ProviderError", "ViTSession", "available",
-           "load_manifest", "parse_providers"]
+__all__ = ["BundleError", "Classified", "ImageError", "InputError", "Prediction", "Preprocess",
+           "ProviderError", "RuntimeOptions", "ViTSession", "available", "load_image",
+           "load_manifest", "parse_providers", "probe", "softmax"]

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import io
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -87,3 +93,83 @@ def parse_providers(spec: ProviderSpec | Sequence[ProviderSpec]) -> list[Provide
 def available() -> list[str]:
     """Providers this onnxruntime build lists. Listed is not the same as able to run."""
     return list(ort.get_available_providers())
+
+
+# -- what ORT says when a provider fails ------------------------------------------------
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_ORT_PREFIX = re.compile(r"^\S+ \S+ \[[EWIV]:onnxruntime:[^\]]*\]\s*")
+_SOURCE_PREFIX = re.compile(r"(EP Error )?/onnxruntime_src/\S+:\d+ .*?(\[ONNXRuntimeError\] : \d+ : "
+                            r"\w+ : |\) (?=[A-Z]))")
+
+
+@contextlib.contextmanager
+def captured_stderr() -> Iterator[list[str]]:
+    """Capture what ONNX Runtime says while a session is made: its native logger writes to
+    file descriptor 2, its Python layer prints "EP Error ... Falling back" to stdout.
+
+    Yields a list that holds the captured text once the block ends.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    box: list[str] = []
+    printed = io.StringIO()
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            with contextlib.redirect_stdout(printed):
+                yield box
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            box.append(tmp.read().decode("utf-8", errors="replace") + printed.getvalue())
+
+
+def failure_reason(log: str) -> str:
+    """The lines of an ORT log that explain a provider failure, cleaned of colour codes."""
+    lines: list[str] = []
+    for raw in _ANSI.sub("", log).splitlines():
+        line = _SOURCE_PREFIX.sub("", _ORT_PREFIX.sub("", raw.strip())).strip()
+        if "*****" in line or line.startswith(("when using", "Falling back")) or line in lines:
+            continue
+        if line and any(w in line for w in ("Fail", "fail", "Error", "error", "Require", "not ")):
+            lines.append(line)
+    return " | ".join(lines[-3:]) if lines else "onnxruntime printed no reason"
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    name: str
+    listed: bool
+    usable: bool
+    reason: str = ""
+
+    @property
+    def alias(self) -> str:
+        return short_name(self.name)
+
+
+def probe(name: str, options: Mapping[str, Any] | None = None) -> ProbeResult:
+    """Try to create a session on `name` alone (a one-node model): does it really run here?"""
+    full = resolve_name(name)
+    if full not in available():
+        return ProbeResult(full, listed=False, usable=False,
+                           reason="not in this onnxruntime build's provider list")
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    with captured_stderr() as log:
+        try:
+            session = ort.InferenceSession(model.SerializeToString(),
+                                           providers=[(full, dict(options or {}))])
+            active = session.get_providers()
+            error = ""
+        except Exception as e:  # ORT raises its own exception types
+            active, error = [], str(e)
+    if full in active:
+        return ProbeResult(full, listed=True, usable=True)
+    return ProbeResult(full, listed=True, usable=False, reason=error or failure_reason(log[0]))

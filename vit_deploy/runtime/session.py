@@ -3,40 +3,94 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
+import tempfile
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
-from vit_deploy.contract import INPUT_NAME, LOGITS_NAME, METADATA_CONFIG_KEY
-from vit_deploy.runtime.manifest import BundleError, load_manifest
+from vit_deploy.contract import FEATURES_NAME, LOGITS_NAME, METADATA_CONFIG_KEY
+from vit_deploy.runtime.manifest import BundleError, load_manifest, sha256_file
+from vit_deploy.runtime.preprocess import ImageInput, Preprocess
 from vit_deploy.runtime.providers import (CPU, Provider, ProviderError, ProviderSpec, available,
-                                          parse_providers, short_name)
+                                          captured_stderr, failure_reason, parse_providers,
+                                          short_name)
 from vit_deploy.sizes import check_input_size
+
+OPTIMIZATION_LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+CACHE_DIR = ".ort-cache"
 
 
 class InputError(ValueError):
     """An input array the model cannot take: says what was expected and what was given."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class RuntimeOptions:
+    """Session settings. The defaults are what measured fastest on CPU (DESIGN.md)."""
+
+    threads: int | None = None  # intra-op threads; None: ONNX Runtime's default (all cores)
+    optimization: str = "all"  # disable | basic | extended | all
+    cache_optimized: bool = False  # save ORT's optimised graph beside the model, reuse it later
+    io_binding: bool = False  # bind inputs/outputs to the provider's device (CUDA)
+    device_id: int = 0
+    verify: bool = True  # check the bundle files' sha256 against the manifest
+    reject_nonfinite: bool = False  # NaN / Inf in an input is an InputError
+
+    def __post_init__(self) -> None:
+        if self.optimization not in OPTIMIZATION_LEVELS:
+            raise ValueError(f"optimization must be one of {list(OPTIMIZATION_LEVELS)}, got "
+                             f"{self.optimization!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+
+
+@dataclass(frozen=True)
+class Classified:
+    index: int
+    label: str | None
+    probability: float
+
+
+@dataclass(frozen=True)
+class Prediction:
+    source: str  # what was given: a path, or a description of the object
+    input_size: tuple[int, int]  # (H, W) the model saw
+    top: list[Classified]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "input_size": list(self.input_size),
+                "top": [c.__dict__ for c in self.top]}
+
+
 class ViTSession:
     """A context-managed ONNX Runtime session over a bundle directory or a .onnx file.
 
     Providers are checked after the session is created: asking for one that is not
-    active is a ProviderError (strict, the default); with fallback=True the session
-    runs on what is active, warns, and `providers` says what really runs.
+    active is a ProviderError (strict, the default) naming what was asked, what is
+    active and ONNX Runtime's reason; with fallback=True the session runs on what is
+    active, warns, and `providers` says what really runs. Safe to share between threads.
     """
 
     def __init__(self, model: str | Path, *, provider: ProviderSpec | Sequence[ProviderSpec] = "cpu",
-                 precision: str = "fp32", fallback: bool = False, verify: bool = True,
-                 threads: int | None = None, session_options: ort.SessionOptions | None = None):
+                 precision: str = "fp32", fallback: bool = False,
+                 options: RuntimeOptions = RuntimeOptions()):
         path = Path(model)
+        self.options = options
         self.manifest: dict[str, Any] | None = None
         if path.is_dir():
-            self.manifest = load_manifest(path, verify=verify)
+            self.manifest = load_manifest(path, verify=options.verify)
             models = self.manifest["models"]
             if precision not in models:
                 raise BundleError(f"bundle {str(path)!r} has no {precision!r} model; it has "
@@ -48,12 +102,8 @@ class ViTSession:
             raise FileNotFoundError(f"no bundle directory or .onnx file at {str(path)!r}")
         self.precision = precision
         self.requested = parse_providers(provider)
-        options = session_options or ort.SessionOptions()
-        if threads is not None:
-            if threads < 1:
-                raise ValueError(f"threads must be >= 1, got {threads}")
-            options.intra_op_num_threads = threads
-        self._session = _create_session(self.model_path, self.requested, options, fallback)
+        self._session, self.fallback_reason, self.cache_hit = _create_session(
+            self.model_path, self.requested, options, fallback)
         self.providers: list[str] = self._session.get_providers()
         meta = self._session.get_modelmeta().custom_metadata_map
         config = (self.manifest or {}).get("config") or json.loads(meta.get(METADATA_CONFIG_KEY, "{}"))
@@ -64,21 +114,72 @@ class ViTSession:
         self.input_name = inp.name
         self.input_shape = list(inp.shape)  # symbolic dims are strings
         self.output_names = [o.name for o in self._session.get_outputs()]
-        self._closed = False
+        self.labels: list[str] | None = (self.manifest or {}).get("labels")
+        self._placement: dict[str, list[str]] | None = None
 
     # -- running ---------------------------------------------------------------------
     def run(self, pixel_values: np.ndarray) -> np.ndarray:
         """(B, C, H, W) float32 normalised pixels -> logits (B, classes)."""
-        return self.run_all(pixel_values)[LOGITS_NAME if LOGITS_NAME in self.output_names
-                                          else self.output_names[0]]
+        outs = self.run_all(pixel_values)
+        return outs[LOGITS_NAME] if LOGITS_NAME in outs else outs[self.output_names[0]]
+
+    def features(self, pixel_values: np.ndarray) -> np.ndarray:
+        """Pooled features (B, width); the bundle must have been exported with --features."""
+        if FEATURES_NAME not in self.output_names:
+            raise BundleError(f"{str(self.model_path)!r} has no {FEATURES_NAME!r} output (outputs: "
+                              f"{self.output_names}); export with --features")
+        return self.run_all(pixel_values)[FEATURES_NAME]
 
     def run_all(self, pixel_values: np.ndarray) -> dict[str, np.ndarray]:
         """All outputs by name."""
-        if self._closed:
-            raise RuntimeError("this ViTSession is closed")
         x = self.check_input(pixel_values)
-        outs = self._session.run(None, {self.input_name: x})
-        return dict(zip(self.output_names, outs))
+        session = self._live()
+        if self.options.io_binding:
+            return dict(zip(self.output_names, self._run_bound(session, x)))
+        return dict(zip(self.output_names, session.run(None, {self.input_name: x})))
+
+    def _run_bound(self, session: ort.InferenceSession, x: np.ndarray) -> list[np.ndarray]:
+        """IO binding: the input is copied to the provider's device once and the outputs
+        stay there until the end (one binding per call, so threads do not share one)."""
+        device = "cuda" if self.providers[0] == "CUDAExecutionProvider" else "cpu"
+        binding = session.io_binding()
+        value = ort.OrtValue.ortvalue_from_numpy(x, device, self.options.device_id)
+        binding.bind_ortvalue_input(self.input_name, value)
+        for name in self.output_names:
+            binding.bind_output(name, device, self.options.device_id)
+        session.run_with_iobinding(binding)
+        return binding.copy_outputs_to_cpu()
+
+    def predict(self, images: ImageInput | Sequence[ImageInput], *, top_k: int = 5,
+                preprocess: Preprocess | None = None) -> list[Prediction]:
+        """Classify images (paths, bytes, PIL images, HWC uint8 arrays) with the manifest's
+        preprocessing; same-size images run as one batch."""
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        if isinstance(images, (str, os.PathLike, bytes, bytearray, np.ndarray)) or hasattr(images, "getpixel"):
+            images = [images]  # type: ignore[list-item]
+        images = list(images)  # type: ignore[arg-type]
+        pre = preprocess or self.preprocess()
+        results: list[Prediction | None] = [None] * len(images)
+        for indices, batch in pre.batches(images):
+            probs = softmax(self.run(batch))
+            k = min(top_k, probs.shape[1])
+            for row, i in zip(probs, indices):
+                order = np.argsort(-row, kind="stable")[:k]
+                top = [Classified(int(j), self.labels[j] if self.labels else None, float(row[j]))
+                       for j in order]
+                results[i] = Prediction(_describe(images[i]), tuple(batch.shape[2:]), top)
+        return results  # type: ignore[return-value]
+
+    def preprocess(self, **overrides: Any) -> Preprocess:
+        """The manifest's preprocessing (a bare .onnx file has none: pass the fields)."""
+        if self.manifest is None:
+            try:
+                return Preprocess(patch_size=self.patch_size, **overrides)
+            except TypeError:
+                raise BundleError(f"{str(self.model_path)!r} is a bare .onnx file without a "
+                                  f"manifest: pass resolution, mean and std") from None
+        return Preprocess.from_manifest(self.manifest, **overrides)
 
     def check_input(self, x: Any) -> np.ndarray:
         if not isinstance(x, np.ndarray):
@@ -101,11 +202,40 @@ class ViTSession:
                 check_input_size(H, W, self.patch_size)
             except ValueError as e:
                 raise InputError(str(e)) from None
-        return np.ascontiguousarray(x, dtype=np.float32)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if self.options.reject_nonfinite and not np.isfinite(x).all():
+            raise InputError(f"input holds {int((~np.isfinite(x)).sum())} NaN/Inf values")
+        return x
+
+    # -- introspection ---------------------------------------------------------------
+    def placement(self) -> dict[str, list[str]]:
+        """Which provider ran each node, from ONNX Runtime's own profile of one small run:
+        {provider alias: [node names]}. Nodes on 'cpu' while another provider was asked
+        for are the ones that fell back."""
+        if self._placement is None:
+            self._placement = _profile_placement(self)
+        return self._placement
+
+    def cpu_fallback_nodes(self) -> list[str]:
+        if self.requested[0].name == CPU:
+            return []
+        return self.placement().get("cpu", [])
+
+    def describe(self) -> dict[str, Any]:
+        return {"model": str(self.model_path), "precision": self.precision,
+                "requested": [short_name(p.name) for p in self.requested],
+                "active": [short_name(p) for p in self.providers],
+                "fallback": self.fallback_reason, "input": [self.input_name, self.input_shape],
+                "outputs": self.output_names}
 
     # -- lifecycle -------------------------------------------------------------------
+    def _live(self) -> ort.InferenceSession:
+        session = self._session
+        if session is None:
+            raise RuntimeError("this ViTSession is closed")
+        return session
+
     def close(self) -> None:
-        self._closed = True
         self._session = None  # type: ignore[assignment]
 
     def __enter__(self) -> ViTSession:
@@ -119,27 +249,144 @@ class ViTSession:
                 f"providers={[short_name(p) for p in self.providers]})")
 
 
-def _create_session(path: Path, requested: list[Provider], options: ort.SessionOptions,
-                    fallback: bool) -> ort.InferenceSession:
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits.astype(np.float64)
+    z = np.exp(z - z.max(axis=-1, keepdims=True))
+    return z / z.sum(axis=-1, keepdims=True)
+
+
+def _describe(image: Any) -> str:
+    if isinstance(image, (str, os.PathLike)):
+        return str(image)
+    if isinstance(image, np.ndarray):
+        return f"<array {image.shape} {image.dtype}>"
+    if isinstance(image, (bytes, bytearray)):
+        return f"<{len(image)} bytes>"
+    return f"<{type(image).__name__} {getattr(image, 'size', '')}>"
+
+
+def _session_options(options: RuntimeOptions) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    if options.threads is not None:
+        so.intra_op_num_threads = options.threads
+    so.graph_optimization_level = OPTIMIZATION_LEVELS[options.optimization]
+    return so
+
+
+def _create_session(path: Path, requested: list[Provider], options: RuntimeOptions,
+                    fallback: bool) -> tuple[ort.InferenceSession, str | None, bool]:
     listed = available()
     missing = [p.name for p in requested if p.name not in listed]
     if missing and not fallback:
         raise ProviderError(f"provider(s) {[short_name(m) for m in missing]} asked for, but this "
                             f"onnxruntime build lists only {[short_name(a) for a in listed]}")
     usable = [p for p in requested if p.name in listed] or [Provider(CPU)]
-    try:
-        session = ort.InferenceSession(str(path), options,
-                                       providers=[(p.name, p.options) for p in usable])
-    except Exception as e:  # ORT raises its own Fail / InvalidGraph / ... types
-        raise BundleError(f"onnxruntime could not load {str(path)!r}: {e}") from None
+    so = _session_options(options)
+    cache = OptimizedGraphCache(path, usable, options) if options.cache_optimized else None
+    source = cache.prepare(so) if cache else str(path)
+    with captured_stderr() as log:
+        try:
+            session = ort.InferenceSession(source, so, providers=[(p.name, p.options) for p in usable])
+        except Exception as e:  # ORT raises its own Fail / InvalidGraph / ... types
+            error: Exception | None = e
+        else:
+            error = None
+    if error is not None:
+        raise BundleError(f"onnxruntime could not load {str(path)!r}: {error}") from None
     active = session.get_providers()
     inactive = [p.name for p in requested if p.name not in active]
+    reason = None
     if inactive:
-        message = (f"provider(s) {[short_name(p) for p in inactive]} asked for but not active; "
-                   f"active: {[short_name(a) for a in active]}; listed by this onnxruntime: "
-                   f"{[short_name(a) for a in listed]} (listed is not the same as usable: check "
-                   f"the provider's libraries and onnxruntime's log above)")
+        why = failure_reason(log[0]) if not missing else "not in this onnxruntime build"
+        reason = (f"provider(s) {[short_name(p) for p in inactive]} asked for but not active; "
+                  f"active: {[short_name(a) for a in active]}; listed by this onnxruntime: "
+                  f"{[short_name(a) for a in listed]}; onnxruntime says: {why}")
         if not fallback:
-            raise ProviderError(message)
-        warnings.warn(f"falling back: {message}", RuntimeWarning, stacklevel=3)
-    return session
+            raise ProviderError(reason)
+        warnings.warn(f"falling back: {reason}", RuntimeWarning, stacklevel=3)
+    elif log[0].strip():
+        sys.stderr.write(log[0])  # nothing failed: do not hide what ORT said
+    if cache and not inactive:
+        cache.store()
+    return session, reason, bool(cache and cache.hit)
+
+
+class OptimizedGraphCache:
+    """ORT's optimised graph saved beside the model (`.ort-cache/`) for a faster next start.
+
+    Keyed by model, providers, optimisation level and ORT version; used only when its
+    sidecar says it was made from this very model file and its own hash still matches.
+    """
+
+    def __init__(self, path: Path, providers: list[Provider], options: RuntimeOptions):
+        key = "-".join(p.alias for p in providers)
+        self.model = path
+        self.graph = path.parent / CACHE_DIR / f"{path.stem}.{key}.{options.optimization}.ort{ort.__version__}.onnx"
+        self.sidecar = self.graph.with_suffix(".json")
+        self._fresh: str | None = None
+        self._source_hash = ""
+        self.hit = False
+
+    def prepare(self, so: ort.SessionOptions) -> str:
+        """The file to load; sets `so` to load the cached graph or to write a new one."""
+        self._source_hash = sha256_file(self.model)
+        try:
+            record = json.loads(self.sidecar.read_text())
+            if (record["source_sha256"] == self._source_hash
+                    and sha256_file(self.graph) == record["sha256"]):
+                so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+                self.hit = True
+                return str(self.graph)
+        except (OSError, ValueError, KeyError):
+            pass
+        try:
+            self.graph.parent.mkdir(exist_ok=True)
+            fd, self._fresh = tempfile.mkstemp(prefix=".opt-", suffix=".onnx", dir=self.graph.parent)
+            os.close(fd)
+        except OSError as e:
+            warnings.warn(f"cannot cache the optimised graph beside {str(self.model)!r}: {e}",
+                          RuntimeWarning, stacklevel=4)
+            return str(self.model)
+        so.optimized_model_filepath = self._fresh
+        return str(self.model)
+
+    def store(self) -> None:
+        fresh, self._fresh = self._fresh, None
+        if fresh is None:
+            return
+        if os.path.getsize(fresh) == 0:
+            os.unlink(fresh)
+            return
+        os.replace(fresh, self.graph)
+        record = {"source_sha256": self._source_hash, "sha256": sha256_file(self.graph),
+                  "onnxruntime": ort.__version__}
+        tmp = self.sidecar.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, self.sidecar)
+
+
+def _profile_placement(s: ViTSession) -> dict[str, list[str]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        so = _session_options(s.options)
+        so.enable_profiling = True
+        so.profile_file_prefix = os.path.join(tmp, "placement")
+        providers = [(p, opts) for p, opts in zip(s.providers, _options_for(s))]
+        with captured_stderr():
+            session = ort.InferenceSession(str(s.model_path), so, providers=providers)
+        static = s.input_shape[2:]
+        P = s.patch_size or 1
+        hw = tuple(static) if all(isinstance(d, int) for d in static) else (P, P)
+        session.run(None, {s.input_name: np.zeros((1, s.in_chans, *hw), np.float32)})
+        with open(session.end_profiling()) as f:
+            events = json.load(f)
+    out: dict[str, list[str]] = {}
+    for e in events:
+        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
+            provider = short_name(e["args"].get("provider", "?"))
+            out.setdefault(provider, []).append(e["name"][: -len("_kernel_time")])
+    return out
+
+
+def _options_for(s: ViTSession) -> list[dict[str, Any]]:
+    by_name = {p.name: p.options for p in s.requested}
+    return [by_name.get(p, {}) for p in s.providers]
