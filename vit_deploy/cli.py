@@ -32,8 +32,51 @@ class ResolutionType(click.ParamType):
 RESOLUTION = ResolutionType()
 
 
+class PrecisionList(click.ParamType):
+    name = "fp32,fp16,int8,int8-static,int4|all"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None):
+        from vit_deploy.contract import PRECISIONS
+
+        if isinstance(value, tuple):
+            return value
+        items = [v.strip() for v in str(value).split(",") if v.strip()]
+        if items == ["all"]:
+            return PRECISIONS
+        bad = [v for v in items if v not in PRECISIONS]
+        if bad or not items:
+            self.fail(f"unknown precision(s) {bad or [value]}; choose from "
+                      f"{', '.join(PRECISIONS)} or all", param, ctx)
+        return tuple(dict.fromkeys(items))
+
+
+def _quant_options(func):
+    """Options shared by `quantize` and `export --precision`."""
+    for option in reversed([
+        click.option("--calib", default=None,
+                     help="int8-static calibration: a folder of images, or 'digits' (the "
+                          "trained test model's training split)."),
+        click.option("--calib-method", type=click.Choice(["minmax", "entropy", "percentile"]),
+                     default="minmax", show_default=True),
+        click.option("--calib-samples", type=click.IntRange(min=1), default=64, show_default=True),
+        click.option("--block-size", type=click.IntRange(min=16), default=32, show_default=True,
+                     help="int4: weights per quantisation block (a power of two)."),
+        click.option("--exclude", default="", help="Linear layers kept float, by module path "
+                     "(comma-separated, e.g. blocks.3.mlp.fc2)."),
+        click.option("--max-drop", type=click.FloatRange(min=0), default=None,
+                     help="Sensitivity budget: keep the most sensitive layers float until the "
+                          "drop is at most this (accuracy points on the trained test model, "
+                          "else 1 - cosine)."),
+    ]):
+        func = option(func)
+    return func
+
+
 def _console() -> Console:
-    return Console(highlight=False, soft_wrap=True)
+    console = Console(highlight=False, soft_wrap=True)
+    if not console.is_terminal:  # pipes and CI logs: do not squeeze tables into 80 columns
+        console = Console(highlight=False, soft_wrap=True, width=160)
+    return console
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -68,11 +111,16 @@ def main() -> None:
               help="Bundle directory. Default: ./vit-<model><patch>-<res>.")
 @click.option("--labels", "labels_file", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="Class names, one per line (as many as classes).")
+@click.option("--precision", "precisions", type=PrecisionList(), default="fp32",
+              show_default=True, help="Precisions to add after the fp32 export (see quantize).")
+@_quant_options
 @click.option("--force", is_flag=True, help="Replace --out even if it is not a bundle.")
 def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | None,
            native_res: tuple[int, int] | None, checkpoint: Path | None, pos_embed: str, pool: str,
            num_classes: int | None, static: bool, no_simplify: bool, features: bool, opset: int,
-           seed: int, out: Path | None, labels_file: Path | None, force: bool) -> None:
+           seed: int, out: Path | None, labels_file: Path | None, precisions: tuple[str, ...],
+           calib: str | None, calib_method: str, calib_samples: int, block_size: int,
+           exclude: str, max_drop: float | None, force: bool) -> None:
     """Export a ViT to an ONNX bundle that takes any H×W divisible by the patch size.
 
     Checks ONNX Runtime (CPU) against PyTorch at several resolutions and batch sizes;
@@ -135,9 +183,81 @@ def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | N
         console.print(f"[red]export failed: {e}[/]")
         sys.exit(1)
     console.print(str(result.report))
-    _print_summary(console, result.manifest, result.path)
     for note in result.notes:
         console.print(f"note: {note}")
+    if any(p != "fp32" for p in precisions):
+        _run_precisions(out, precisions, calib=calib, calib_method=calib_method,
+                        calib_samples=calib_samples, block_size=block_size, exclude=exclude,
+                        max_drop=max_drop, force=False)
+    from vit_deploy.runtime.manifest import load_manifest
+
+    _print_summary(console, load_manifest(out), out)
+
+
+def _run_precisions(bundle: Path, precisions: tuple[str, ...], *, calib: str | None,
+                    calib_method: str, calib_samples: int, block_size: int, exclude: str,
+                    max_drop: float | None, force: bool) -> None:
+    from vit_deploy.export.precisions import PrecisionOptions, add_precisions, calibration_batches
+    from vit_deploy.export.quantize import QuantizeError, QuantOptions
+    from vit_deploy.runtime.manifest import BundleError, load_manifest
+
+    console = _console()
+    try:
+        manifest = load_manifest(bundle)
+        quant = QuantOptions(exclude=tuple(e.strip() for e in exclude.split(",") if e.strip()),
+                             calibration=calib_method, block_size=block_size)
+        calibration = (calibration_batches(manifest, calib, limit=calib_samples)
+                       if calib and "int8-static" in precisions else None)
+        results = add_precisions(bundle, precisions, calibration=calibration, log=console.print,
+                                 options=PrecisionOptions(quant=quant, max_drop=max_drop,
+                                                          force=force))
+    except (BundleError, ValueError) as e:
+        raise click.UsageError(str(e)) from None
+    except QuantizeError as e:
+        console.print(f"[red]quantisation failed: {e}[/]")
+        sys.exit(1)
+    table = Table("precision", "file", "size", "cosine (min)", "max|Δ|", "accuracy", "result",
+                  title="precisions vs fp32", title_justify="left")
+    fp32_size = manifest["files"][manifest["models"]["fp32"]]["size"]
+    for r in results:
+        acc = r.accuracy
+        table.add_row(r.precision, r.file, f"{_size(r.size)} ({r.size / fp32_size:.0%})",
+                      f"{min(c.cosine for c in r.parity.cases):.5f}",
+                      f"{max(c.max_abs for c in r.parity.cases):.2e}",
+                      f"{acc['top1']}% (fp32 {acc['fp32_top1']}%)" if acc else "-",
+                      "ok" if r.passed else ("FAIL, written (--force)" if force else
+                                             "FAIL, not written"))
+    console.print(table)
+    for r in results:
+        for note in r.notes:
+            console.print(f"{r.precision}: {note}")
+        if r.recipe.get("sensitivity"):
+            kept = [x["layer"] for x in r.recipe["sensitivity"]["ranking"] if x.get("kept_float")]
+            console.print(f"{r.precision}: kept float by sensitivity: {kept or 'none'}")
+    failed = [r.precision for r in results if not r.passed]
+    if failed:
+        console.print(f"[red]{', '.join(failed)} failed the tolerance policy"
+                      f"{' (written anyway: --force)' if force else ' and were not written'}[/]")
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--precision", "precisions", type=PrecisionList(), required=True,
+              help="Comma-separated: fp16, int8 (dynamic), int8-static, int4, or all.")
+@_quant_options
+@click.option("--force", is_flag=True, help="Write precisions even if they fail the policy.")
+def quantize(bundle: Path, precisions: tuple[str, ...], calib: str | None, calib_method: str,
+             calib_samples: int, block_size: int, exclude: str, max_drop: float | None,
+             force: bool) -> None:
+    """Add quantised / fp16 models to BUNDLE, each checked against its fp32 model.
+
+    Only the encoder's linear layers are quantised. A precision outside the tolerance
+    policy (DESIGN.md) is not written unless --force, and the exit code is 1.
+    """
+    _run_precisions(bundle, precisions, calib=calib, calib_method=calib_method,
+                    calib_samples=calib_samples, block_size=block_size, exclude=exclude,
+                    max_drop=max_drop, force=force)
 
 
 @main.command()
@@ -267,7 +387,10 @@ def _print_summary(console: Console, manifest: dict[str, Any], path: Path) -> No
                   f"{pre['resize']} to {format_resolution(tuple(pre['resolution']))}")
     table = Table("file", "role", "size", "nodes", "sha256")
     for name, entry in manifest["files"].items():
-        nodes = str(exp.get("nodes", "")) if entry.get("role", "").startswith("model") else ""
+        role = entry.get("role", "")
+        prec = manifest.get("precisions", {}).get(role.removeprefix("model:"), {})
+        nodes = str(prec.get("recipe", {}).get("nodes") or (exp.get("nodes", "") if
+                                                            role == "model:fp32" else ""))
         table.add_row(name, entry.get("role", ""), _size(entry["size"]), nodes,
                       entry["sha256"][:12])
     console.print(table)

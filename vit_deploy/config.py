@@ -144,7 +144,7 @@ def parse_variant(name: str) -> tuple[str, int | None]:
     return size, int(patch)
 
 
-def variant(name: str, **overrides: Any) -> ViTConfig:
+def variant(name: str, /, **overrides: Any) -> ViTConfig:
     """Config of a named variant: variant('B/16'), variant('tiny', patch_size=8).
 
     Ti/S/B/L use patch 16 and 224×224 unless given; `tiny` uses patch 8 on 32×32.

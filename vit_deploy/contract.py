@@ -11,6 +11,7 @@ OPSET = 18  # Resize with antialias needs >= 18
 IR_VERSION = 10  # onnx 1.23 writes 14 by default; onnxruntime 1.31 reads at most 13
 PRODUCER = "vit-deploy"
 METADATA_CONFIG_KEY = "vit_deploy.config"
+METADATA_LINEARS_KEY = "vit_deploy.linear_nodes"  # {module path: ONNX node name}
 
 MANIFEST_NAME = "manifest.json"
 BUNDLE_FORMAT = "vit-deploy-bundle"
@@ -18,8 +19,14 @@ BUNDLE_FORMAT_VERSION = 1
 MODEL_FILE = "model.onnx"
 WEIGHTS_FILE = "weights.safetensors"
 
+PRECISIONS = ("fp32", "fp16", "int8", "int8-static", "int4")  # int8 = dynamic
+PRECISION_FILES = {"fp32": MODEL_FILE, "fp16": "model.fp16.onnx", "int8": "model.int8.onnx",
+                   "int8-static": "model.int8-static.onnx", "int4": "model.int4.onnx"}
+
 # Tolerance policy, PyTorch fp32 as the reference (DESIGN.md).
 FP32_ABS_TOL = 1e-4  # scaled by max(1, max|ref|)
 COSINE_MIN = {"fp32": 0.99999, "fp16": 0.999, "int8": 0.99, "int4": 0.95}
+# On the trained test model, quantised top-1 accuracy within this many points of fp32.
+ACCURACY_MAX_DROP = {"int8": 1.0, "int4": 1.0}
 # Batch independence: rows of untouched images may move only by float noise.
 INDEPENDENCE_ABS_TOL = 1e-5

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import json
 import logging
 import warnings
 from collections.abc import Iterator
@@ -14,7 +16,7 @@ import torch
 
 from vit_deploy.atomic import write_bytes_atomic
 from vit_deploy.contract import (BATCH_DIM, HEIGHT_DIM, INPUT_NAME, IR_VERSION, LOGITS_NAME,
-                                 FEATURES_NAME, METADATA_CONFIG_KEY, OPSET, PRODUCER, WIDTH_DIM)
+                                 FEATURES_NAME, METADATA_CONFIG_KEY, METADATA_LINEARS_KEY, OPSET, PRODUCER, WIDTH_DIM)
 from vit_deploy.model import ViT, ViTWithFeatures
 
 # Trace on a non-square grid that is nobody's native grid, with batch 2, so nothing
@@ -84,7 +86,28 @@ def finalize(proto: onnx.ModelProto, *, config_json: str) -> None:
                 dim.dim_param = renames[dim.dim_param]
     proto.ir_version = IR_VERSION
     proto.producer_name = PRODUCER
-    set_metadata(proto, {METADATA_CONFIG_KEY: config_json})
+    set_metadata(proto, {METADATA_CONFIG_KEY: config_json,
+                         METADATA_LINEARS_KEY: json.dumps(linear_nodes_from_scopes(proto))})
+
+
+def linear_nodes_from_scopes(proto: onnx.ModelProto) -> dict[str, str]:
+    """{module path: ONNX node name} of the MatMul/Gemm computing each nn.Linear, read from
+    the name scopes the dynamo exporter records on every node. Node names survive onnxsim
+    (the metadata does not), so the map is stored in the model's metadata."""
+    out: dict[str, str] = {}
+    for node in proto.graph.node:
+        if node.op_type not in ("MatMul", "Gemm"):
+            continue
+        meta = {p.key: p.value for p in node.metadata_props}
+        if "torch.nn.modules.linear.Linear" not in meta.get("pkg.torch.onnx.class_hierarchy", ""):
+            continue
+        try:
+            scopes = ast.literal_eval(meta.get("pkg.torch.onnx.name_scopes", "[]"))
+        except (ValueError, SyntaxError):
+            continue
+        if len(scopes) >= 2 and scopes[-2] and scopes[-2] not in out:
+            out[scopes[-2]] = node.name
+    return out
 
 
 def set_metadata(proto: onnx.ModelProto, props: dict[str, str]) -> None:

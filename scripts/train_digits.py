@@ -1,0 +1,108 @@
+"""Train the tiny test ViT on scikit-learn's handwritten digits (no download).
+
+    pip install -e '.[export,train]' && python scripts/train_digits.py
+
+Writes vit_deploy/data/digits.npz (the digits and the fixed split) and
+vit_deploy/data/digits_vit.safetensors (weights + config), and prints the held-out
+accuracy. Deterministic: fixed seeds, one thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from vit_deploy.checkpoints import save_weights
+from vit_deploy.config import variant
+from vit_deploy.data import (DIGITS_FILE, DIGITS_MEAN, DIGITS_MODEL_FILE, DIGITS_SIZE, DIGITS_STD,
+                             data_path, load_digits_split, normalise)
+from vit_deploy.model import build_model
+
+SEED = 0
+TEST_FRACTION = 0.2
+
+
+def write_dataset() -> None:
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    rng = np.random.default_rng(SEED)
+    n = len(digits.target)
+    is_test = np.zeros(n, dtype=bool)
+    is_test[rng.permutation(n)[: int(round(n * TEST_FRACTION))]] = True
+    np.savez_compressed(data_path(DIGITS_FILE), images=digits.images.astype(np.uint8),
+                        labels=digits.target.astype(np.uint8), is_test=is_test)
+
+
+def augment(x: torch.Tensor, gen: torch.Generator, shift: int) -> torch.Tensor:
+    """Random shifts of up to `shift` pixels (the digits are not centred perfectly either)."""
+    if shift == 0:
+        return x
+    pad = F.pad(x, (shift,) * 4, value=float(x.min()))
+    out = torch.empty_like(x)
+    offsets = torch.randint(0, 2 * shift + 1, (len(x), 2), generator=gen)
+    for i, (dy, dx) in enumerate(offsets.tolist()):
+        out[i] = pad[i, :, dy:dy + DIGITS_SIZE, dx:dx + DIGITS_SIZE]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=60)
+    parser.add_argument("--patch", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--pool", default="cls", choices=["cls", "mean"])
+    parser.add_argument("--shift", type=int, default=3, help="max random shift in pixels")
+    parser.add_argument("--out", default=None, help="weights path (default: the package data)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(SEED)
+    write_dataset()
+    split = load_digits_split()
+    x_train = torch.from_numpy(normalise(split["train_images"]))
+    y_train = torch.from_numpy(split["train_labels"])
+    x_test = torch.from_numpy(normalise(split["test_images"]))
+    y_test = split["test_labels"]
+
+    cfg = variant("tiny", width=64, depth=4, heads=4, patch_size=args.patch, img_size=(32, 32),
+                  num_classes=10, pool=args.pool, mean=DIGITS_MEAN, std=DIGITS_STD, name="digits-vit")
+    model = build_model(cfg, seed=SEED).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.05)
+    steps = args.epochs * ((len(x_train) + 63) // 64)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=args.lr, total_steps=steps,
+                                                pct_start=0.1)
+    gen = torch.Generator().manual_seed(SEED)
+    start = time.time()
+    for epoch in range(args.epochs):
+        order = torch.randperm(len(x_train), generator=gen)
+        for i in range(0, len(order), 64):
+            idx = order[i:i + 64]
+            loss = F.cross_entropy(model(augment(x_train[idx], gen, args.shift)), y_train[idx],
+                                   label_smoothing=0.1)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+        if epoch % 10 == 9 or epoch == args.epochs - 1:
+            model.eval()
+            with torch.no_grad():
+                acc = float((model(x_test).argmax(1).numpy() == y_test).mean())
+            model.train()
+            print(f"epoch {epoch + 1}: loss {loss.item():.3f}, held-out accuracy {acc:.4f}")
+    model.eval()
+    with torch.no_grad():
+        acc = float((model(x_test).argmax(1).numpy() == y_test).mean())
+    save_weights(model, args.out or data_path(DIGITS_MODEL_FILE))
+    print(json.dumps({"held_out_accuracy": round(acc, 4), "held_out_images": len(y_test),
+                      "train_images": len(y_train), "epochs": args.epochs, "seed": SEED,
+                      "patch": args.patch, "lr": args.lr, "pool": args.pool, "shift": args.shift,
+                      "seconds": round(time.time() - start, 1)}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from conftest import tiny
+from vit_deploy import parity
+from vit_deploy.cli import main
+from vit_deploy.contract import MANIFEST_NAME, MODEL_FILE, PRECISION_FILES
+from vit_deploy.export.bundle import ExportOptions, export_bundle
+from vit_deploy.export.precisions import PrecisionOptions, add_precisions, ort_kernels
+from vit_deploy.export.quantize import QuantOptions, linear_layers, quantize_model
+from vit_deploy.parity import judge, sample_inputs
+from vit_deploy.runtime import ViTSession
+from vit_deploy.runtime.manifest import load_manifest
+
+LAYERS = [f"blocks.{i}.{m}" for i in range(2) for m in ("attn.qkv", "attn.proj", "mlp.fc1",
+                                                        "mlp.fc2")]
+
+
+@pytest.fixture(scope="module")
+def fp32_bundle(tmp_path_factory):
+    out = tmp_path_factory.mktemp("q") / "bundle"
+    export_bundle(tiny(), out, options=ExportOptions(resolution=(32, 48)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def calib():
+    return [sample_inputs((32, 32), 4, seed=i) for i in range(4)]
+
+
+def test_linear_layers_are_named_by_module_path(fp32_bundle):
+    layers = linear_layers(onnx.load(str(fp32_bundle / MODEL_FILE)))
+    assert list(layers) == [*LAYERS, "head"]
+
+
+@pytest.mark.parametrize("precision,kernel", [("int8", "DynamicQuantizeMatMul"),
+                                              ("int4", "MatMulNBits"),
+                                              ("int8-static", "QLinearMatMul|MatMulIntegerToFloat|"
+                                                              "DequantizeLinear")])
+def test_each_linear_layer_runs_quantised(fp32_bundle, calib, tmp_path, precision, kernel):
+    result = quantize_model(fp32_bundle / MODEL_FILE, tmp_path / "q.onnx", precision=precision,
+                            calibration=calib, options=QuantOptions(block_size=16))
+    assert result.recipe["quantised_layers"] == LAYERS
+    assert result.recipe["kept_float_layers"] == ["head"]
+    ops = ort_kernels(result.path)["optimised_ops"]
+    if precision != "int8-static":
+        assert ops.get(kernel) == len(LAYERS)  # nothing silently left in fp32
+    else:  # QDQ: every quantised MatMul reads a dequantised weight, the others do not
+        model = onnx.load(str(result.path))
+        produced_by = {o: n.op_type for n in model.graph.node for o in n.output}
+        qdq = [n for n in model.graph.node if n.op_type == "MatMul"
+               and produced_by.get(n.input[1]) == "DequantizeLinear"]
+        assert len(qdq) == len(LAYERS)
+    x = sample_inputs((24, 40), 2)
+    with ViTSession(fp32_bundle) as ref, ViTSession(result.path) as q:
+        case = judge(ref.run(x), q.run(x), resolution=(24, 40), provider="cpu",
+                     precision=precision.split("-")[0])
+    assert case.passed, case
+    assert case.max_abs > 0  # it really is a different model
+
+
+def test_fp16_keeps_io_and_sensitive_ops_in_fp32(fp32_bundle, tmp_path):
+    result = quantize_model(fp32_bundle / MODEL_FILE, tmp_path / "h.onnx", precision="fp16")
+    model = onnx.shape_inference.infer_shapes(onnx.load(str(result.path)))
+    types = {v.name: v.type.tensor_type.elem_type
+             for v in [*model.graph.value_info, *model.graph.input, *model.graph.output]}
+    assert types["pixel_values"] == types["logits"] == onnx.TensorProto.FLOAT
+    weights = [i for i in model.graph.initializer if len(i.dims) == 2]
+    assert all(w.data_type == onnx.TensorProto.FLOAT16 for w in weights)
+    for node in model.graph.node:
+        if node.op_type in ("LayerNormalization", "Softmax", "Resize"):
+            assert types.get(node.output[0]) == onnx.TensorProto.FLOAT, node.name
+    assert ort_kernels(result.path)["inserted_casts"] >= 0
+
+
+@pytest.mark.parametrize("precision,kernel", [("int8", "DynamicQuantizeMatMul"),
+                                              ("int4", "MatMulNBits")])
+def test_exclusions_by_module_path(fp32_bundle, tmp_path, precision, kernel):
+    result = quantize_model(fp32_bundle / MODEL_FILE, tmp_path / "q.onnx", precision=precision,
+                            options=QuantOptions(exclude=("blocks.1.mlp.fc2", "blocks.0.attn.qkv"),
+                                                 block_size=16))
+    assert {"blocks.1.mlp.fc2", "blocks.0.attn.qkv"} <= set(result.recipe["kept_float_layers"])
+    assert ort_kernels(result.path)["optimised_ops"][kernel] == len(LAYERS) - 2
+    with pytest.raises(ValueError, match=r"unknown layers \['blocks.9.mlp'\]"):
+        quantize_model(fp32_bundle / MODEL_FILE, tmp_path / "x.onnx", precision="int8",
+                       options=QuantOptions(exclude=("blocks.9.mlp",)))
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(ValueError, match="calibration must be one of"):
+        QuantOptions(calibration="kl")
+    with pytest.raises(ValueError, match="power of two"):
+        QuantOptions(block_size=24)
+
+
+def test_add_precisions_rewrites_the_bundle_with_recipes(fp32_bundle, calib, tmp_path):
+    bundle = tmp_path / "b"
+    shutil.copytree(fp32_bundle, bundle)
+    results = add_precisions(bundle, ["int8", "fp16", "int4", "int8-static"], calibration=calib)
+    assert all(r.passed for r in results), [r.notes for r in results]
+    manifest = load_manifest(bundle)  # hashes of the new files verified
+    assert set(manifest["models"]) == {"fp32", "int8", "fp16", "int4", "int8-static"}
+    for p in ("int8", "fp16", "int4", "int8-static"):
+        entry = manifest["precisions"][p]
+        assert entry["file"] == PRECISION_FILES[p] and entry["passed"]
+        assert {c["label"] for c in entry["parity"]["cases"]} == {"32x32 b2", "32x48 b2"}
+        with ViTSession(bundle, precision=p) as s:
+            assert s.run(sample_inputs((16, 16), 1)).shape == (1, 10)
+    assert manifest["precisions"]["int8-static"]["recipe"]["calibration"] == "minmax"
+    assert "Cast" in manifest["precisions"]["fp16"]["notes"][0]
+    assert manifest["precisions"]["int8"]["runtime"]["check"] == \
+        f"{len(LAYERS)} DynamicQuantizeMatMul for {len(LAYERS)} quantised layers"
+    sizes = {p: manifest["files"][PRECISION_FILES[p]]["size"] for p in manifest["models"]}
+    assert sizes["int8"] < sizes["fp32"] and sizes["int4"] < sizes["int8"]
+
+
+def test_failing_precision_is_not_written_and_exits_1(fp32_bundle, tmp_path, monkeypatch):
+    bundle = tmp_path / "b"
+    shutil.copytree(fp32_bundle, bundle)
+    monkeypatch.setitem(parity.COSINE_MIN, "int4", 0.9999999)  # unreachable for int4
+    r = CliRunner().invoke(main, ["quantize", str(bundle), "--precision", "int8,int4",
+                                  "--block-size", "16"])
+    assert r.exit_code == 1, r.output
+    assert "int4 failed the tolerance policy and were not written" in " ".join(r.output.split())
+    manifest = json.loads((bundle / MANIFEST_NAME).read_text())
+    assert set(manifest["models"]) == {"fp32", "int8"}
+    assert not (bundle / PRECISION_FILES["int4"]).exists()
+    r = CliRunner().invoke(main, ["quantize", str(bundle), "--precision", "int4", "--force"])
+    assert r.exit_code == 1 and "written anyway" in " ".join(r.output.split())
+    assert "int4" in json.loads((bundle / MANIFEST_NAME).read_text())["models"]
+
+
+def test_sensitivity_keeps_the_worst_layers_float(fp32_bundle, tmp_path):
+    bundle = tmp_path / "b"
+    shutil.copytree(fp32_bundle, bundle)
+    [full] = add_precisions(bundle, ["int4"], options=PrecisionOptions(
+        quant=QuantOptions(block_size=16)))
+    full_drop = 1 - min(c.cosine for c in full.parity.cases)
+    budget = full_drop / 3
+    [r] = add_precisions(bundle, ["int4"], options=PrecisionOptions(
+        quant=QuantOptions(block_size=16), max_drop=budget))
+    ranking = r.recipe["sensitivity"]["ranking"]
+    kept = [x for x in ranking if x["kept_float"]]
+    assert kept and kept[-1]["drop_after"] <= budget
+    assert r.recipe["kept_float_layers"] == sorted({*(x["layer"] for x in kept), "head"},
+                                                   key=[*LAYERS, "head"].index)
+    alone = [x["drop_alone"] for x in ranking]
+    assert alone[:len(kept)] == sorted(alone[:len(kept)], reverse=True)
+    assert 1 - min(c.cosine for c in r.parity.cases) <= budget + 1e-9
+
+
+def test_static_int8_without_calibration_is_a_usage_error(fp32_bundle, tmp_path):
+    bundle = tmp_path / "b"
+    shutil.copytree(fp32_bundle, bundle)
+    r = CliRunner().invoke(main, ["quantize", str(bundle), "--precision", "int8-static"])
+    assert r.exit_code == 2 and "needs calibration images" in r.output
+    r = CliRunner().invoke(main, ["quantize", str(bundle), "--precision", "int3"])
+    assert r.exit_code == 2 and "unknown precision" in r.output
+
+
+def test_calibration_from_a_folder(fp32_bundle, tmp_path):
+    from PIL import Image
+
+    bundle = tmp_path / "b"
+    shutil.copytree(fp32_bundle, bundle)
+    images = tmp_path / "calib"
+    images.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(6):
+        Image.fromarray(rng.integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(images / f"{i}.png")
+    r = CliRunner().invoke(main, ["quantize", str(bundle), "--precision", "int8-static",
+                                  "--calib", str(images), "--calib-method", "percentile"])
+    assert r.exit_code == 0, r.output
+    recipe = json.loads((bundle / MANIFEST_NAME).read_text())["precisions"]["int8-static"]["recipe"]
+    assert recipe["calibration"] == "percentile" and recipe["calibration_images"] == 6

@@ -1,0 +1,222 @@
+"""fp32 ONNX -> fp16 / int8 dynamic / int8 static (QDQ) / int4 weight-only.
+
+Only the linear layers inside the encoder blocks (qkv, proj, fc1, fc2) are quantised;
+the patch embedding, position resampling, LayerNorm, Softmax, GELU and the head stay
+float (DESIGN.md). Layers are named by module path (`blocks.3.mlp.fc2`), mapped to ONNX
+node names through the metadata the exporter stores. Needs onnx + onnxruntime only.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from vit_deploy.atomic import write_bytes_atomic
+from vit_deploy.contract import INPUT_NAME, IR_VERSION, METADATA_LINEARS_KEY, PRECISIONS
+
+CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
+FP16_KEEP_FP32 = ("LayerNormalization", "Softmax", "Resize")  # overflow / precision-sensitive
+
+
+class QuantizeError(RuntimeError):
+    """The quantiser failed or produced a model that does not load."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuantOptions:
+    exclude: tuple[str, ...] = ()  # module paths kept float, e.g. ("blocks.3.mlp.fc2",)
+    per_channel: bool = True
+    reduce_range: bool = False  # False measured right on VNNI CPUs (DESIGN.md)
+    calibration: str = "minmax"  # int8-static: minmax | entropy | percentile
+    percentile: float = 99.999
+    block_size: int = 32  # int4: weights per quantisation block
+    fp16_keep_fp32: tuple[str, ...] = FP16_KEEP_FP32
+
+    def __post_init__(self) -> None:
+        if self.calibration not in CALIBRATION_METHODS:
+            raise ValueError(f"calibration must be one of {CALIBRATION_METHODS}, got "
+                             f"{self.calibration!r}")
+        if self.block_size < 16 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two >= 16, got {self.block_size}")
+
+
+@dataclass
+class QuantResult:
+    path: Path
+    precision: str
+    recipe: dict[str, Any] = field(default_factory=dict)
+
+
+def linear_layers(model: onnx.ModelProto) -> dict[str, str]:
+    """{module path: node name} of every linear layer, in graph order."""
+    meta = {p.key: p.value for p in model.metadata_props}
+    if METADATA_LINEARS_KEY not in meta:
+        raise QuantizeError("the model has no map of its linear layers (export it with "
+                            "vit-deploy; other ONNX files are not supported here)")
+    mapping = json.loads(meta[METADATA_LINEARS_KEY])
+    names = {n.name for n in model.graph.node}
+    stale = [path for path, node in mapping.items() if node not in names]
+    if stale:
+        raise QuantizeError(f"linear layers {stale[:3]} are no longer in the graph")
+    return mapping
+
+
+def quantisable_layers(model: onnx.ModelProto) -> dict[str, str]:
+    """The encoder's linear layers (qkv, proj, fc1, fc2 of every block)."""
+    return {path: node for path, node in linear_layers(model).items()
+            if path.startswith("blocks.")}
+
+
+def quantize_model(src: str | Path, dst: str | Path, *, precision: str,
+                   options: QuantOptions = QuantOptions(),
+                   calibration: Sequence[np.ndarray] | None = None) -> QuantResult:
+    """Write `precision` of the fp32 model `src` to `dst` (atomically)."""
+    if precision not in PRECISIONS or precision == "fp32":
+        raise ValueError(f"precision must be one of {[p for p in PRECISIONS if p != 'fp32']}, "
+                         f"got {precision!r}")
+    model = _clean(onnx.load(str(src)))
+    layers = quantisable_layers(model)
+    unknown = sorted(set(options.exclude) - set(linear_layers(model)))
+    if unknown:
+        raise ValueError(f"--exclude names unknown layers {unknown}; layers are "
+                         f"{list(layers)[:4]} ...")
+    chosen = {p: n for p, n in layers.items() if p not in options.exclude}
+    kept = [p for p in linear_layers(model) if p not in chosen]
+    recipe: dict[str, Any] = {"precision": precision, "quantised_layers": list(chosen),
+                              "kept_float_layers": kept}
+    with tempfile.TemporaryDirectory() as tmp:
+        src_tmp, out_tmp = Path(tmp) / "in.onnx", Path(tmp) / "out.onnx"
+        onnx.save(model, str(src_tmp))
+        if precision == "int8":
+            _int8_dynamic(src_tmp, out_tmp, list(chosen.values()), options)
+            recipe.update(kind="dynamic", weights="int8 per-channel" if options.per_channel
+                          else "int8 per-tensor", activations="uint8, quantised at run time",
+                          reduce_range=options.reduce_range)
+        elif precision == "int8-static":
+            if not calibration:
+                raise ValueError("int8-static needs calibration images (--calib)")
+            _int8_static(src_tmp, out_tmp, list(chosen.values()), options, calibration)
+            recipe.update(kind="static QDQ", weights="int8 per-channel" if options.per_channel
+                          else "int8 per-tensor", activations="int8",
+                          calibration=options.calibration, calibration_images=int(
+                              sum(len(c) for c in calibration)))
+            if options.calibration == "percentile":
+                recipe["percentile"] = options.percentile
+        elif precision == "int4":
+            _int4(model, out_tmp, list(chosen.values()), options)
+            recipe.update(kind="weight-only MatMulNBits", weights=f"int4 symmetric, block "
+                          f"{options.block_size}", activations="float32", accuracy_level=4)
+        else:  # fp16
+            _fp16(model, out_tmp, options)
+            recipe.update(quantised_layers=[], kept_float_layers=[],
+                          kind="float16 weights and compute", io="float32",
+                          kept_fp32_ops=list(options.fp16_keep_fp32))
+        out = onnx.load(str(out_tmp))
+    out.ir_version = IR_VERSION
+    del out.metadata_props[:]
+    out.metadata_props.extend(model.metadata_props)
+    try:
+        onnx.checker.check_model(out)
+    except onnx.checker.ValidationError as e:
+        raise QuantizeError(f"{precision} model fails the ONNX checker: {e}") from e
+    recipe["kept_float"] = ["patch embedding", "position resampling", "LayerNorm", "Softmax",
+                            "GELU", "head"] if precision != "fp16" else list(options.fp16_keep_fp32)
+    recipe["nodes"] = len(out.graph.node)
+    return QuantResult(write_bytes_atomic(dst, out.SerializeToString()), precision, recipe)
+
+
+def _clean(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Stale value_info from the dynamo export breaks ORT's quantiser's shape inference."""
+    del model.graph.value_info[:]
+    model.ir_version = IR_VERSION
+    return model
+
+
+def _int8_dynamic(src: Path, dst: Path, nodes: list[str], options: QuantOptions) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    if not nodes:
+        raise ValueError("every linear layer is excluded: nothing to quantise")
+    quantize_dynamic(str(src), str(dst), op_types_to_quantize=["MatMul", "Gemm"],
+                     nodes_to_quantize=nodes, per_channel=options.per_channel,
+                     reduce_range=options.reduce_range, weight_type=QuantType.QInt8,
+                     extra_options={"MatMulConstBOnly": True})
+
+
+class _Reader:
+    def __init__(self, batches: Iterable[np.ndarray]):
+        self._it = iter([{INPUT_NAME: np.ascontiguousarray(b, np.float32)} for b in batches])
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._it, None)
+
+
+def _int8_static(src: Path, dst: Path, nodes: list[str], options: QuantOptions,
+                 calibration: Sequence[np.ndarray]) -> None:
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    if not nodes:
+        raise ValueError("every linear layer is excluded: nothing to quantise")
+    method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+              "percentile": CalibrationMethod.Percentile}[options.calibration]
+    extra: dict[str, Any] = {"MatMulConstBOnly": True}
+    if options.calibration == "percentile":
+        extra["CalibPercentile"] = options.percentile
+    with tempfile.TemporaryDirectory() as tmp:  # the calibrator writes an augmented model
+        quantize_static(str(src), str(dst), _Reader(calibration), quant_format=QuantFormat.QDQ,
+                        op_types_to_quantize=["MatMul", "Gemm"], nodes_to_quantize=nodes,
+                        per_channel=options.per_channel, reduce_range=options.reduce_range,
+                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                        calibrate_method=method, extra_options=extra,
+                        calibration_providers=["CPUExecutionProvider"])
+        del tmp
+
+
+def _int4(model: onnx.ModelProto, dst: Path, nodes: list[str], options: QuantOptions) -> None:
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    if not nodes:
+        raise ValueError("every linear layer is excluded: nothing to quantise")
+    # nodes_to_include does not restrict (it is OR-ed with the op type), so exclude instead
+    others = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in nodes]
+    quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=options.block_size,
+                                     is_symmetric=True, accuracy_level=4, nodes_to_exclude=others,
+                                     op_types_to_quantize=("MatMul",))
+    quantizer.process()
+    onnx.save(quantizer.model.model, str(dst))
+
+
+def _fp16(model: onnx.ModelProto, dst: Path, options: QuantOptions) -> None:
+    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
+
+    block = sorted(set(DEFAULT_OP_BLOCK_LIST) | set(options.fp16_keep_fp32))
+    converted = convert_float_to_float16(model, keep_io_types=True, op_block_list=block,
+                                         disable_shape_infer=False)
+    _topological_sort(converted.graph)  # the converter appends its input casts at the end
+    onnx.save(converted, str(dst))
+
+
+def _topological_sort(graph: onnx.GraphProto) -> None:
+    available = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
+    pending, ordered = list(graph.node), []
+    while pending:
+        ready = [n for n in pending if all(i in available for i in n.input)]
+        if not ready:
+            raise QuantizeError(f"graph has a cycle or dangling inputs near {pending[0].name!r}")
+        for n in ready:
+            ordered.append(n)
+            available.update(n.output)
+        ready_ids = {id(n) for n in ready}
+        pending = [n for n in pending if id(n) not in ready_ids]
+    copies = [onnx.NodeProto() for _ in ordered]
+    for c, n in zip(copies, ordered):
+        c.CopyFrom(n)
+    del graph.node[:]
+    graph.node.extend(copies)
