@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--patch", type=int, default=4)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--pool", default="cls", choices=["cls", "mean"])
+    parser.add_argument("--wd", type=float, default=0.05)
     parser.add_argument("--shift", type=int, default=3, help="max random shift in pixels")
     parser.add_argument("--out", default=None, help="weights path (default: the package data)")
     args = parser.parse_args()
@@ -72,7 +73,7 @@ def main() -> None:
     cfg = variant("tiny", width=64, depth=4, heads=4, patch_size=args.patch, img_size=(32, 32),
                   num_classes=10, pool=args.pool, mean=DIGITS_MEAN, std=DIGITS_STD, name="digits-vit")
     model = build_model(cfg, seed=SEED).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.05)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.wd)
     steps = args.epochs * ((len(x_train) + 63) // 64)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=args.lr, total_steps=steps,
                                                 pct_start=0.1)

@@ -260,6 +260,130 @@ def quantize(bundle: Path, precisions: tuple[str, ...], calib: str | None, calib
                     max_drop=max_drop, force=force)
 
 
+def _csv_list(convert):
+    def callback(ctx: click.Context, param: click.Parameter, value: str | None):
+        if value is None:
+            return None
+        try:
+            return tuple(convert(v.strip()) for v in value.split(",") if v.strip())
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
+    return callback
+
+
+def _threads(v: str) -> int | None:
+    if v == "default":
+        return None
+    if not v.isdigit() or int(v) < 1:
+        raise ValueError(f"threads must be positive integers or 'default', got {v!r}")
+    return int(v)
+
+
+def _batch(v: str) -> int:
+    if not v.isdigit() or int(v) < 1:
+        raise ValueError(f"batch sizes must be positive integers, got {v!r}")
+    return int(v)
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path), required=False)
+@click.option("--providers", default="cpu", show_default=True,
+              help="Comma-separated providers to compare (cpu, cuda, tensorrt, ...).")
+@click.option("--precision", "precisions", type=PrecisionList(), default="fp32",
+              show_default=True)
+@click.option("--res", "resolutions", default=None, callback=_csv_list(parse_resolution),
+              help="Comma-separated resolutions, e.g. 224,448,320x480 (default: the bundle's).")
+@click.option("--batch", "batches", default="1", callback=_csv_list(_batch), show_default=True)
+@click.option("--threads", default="default", callback=_csv_list(_threads), show_default=True,
+              help="Comma-separated intra-op thread counts, or 'default'.")
+@click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True)
+@click.option("--runs", type=click.IntRange(min=1), default=30, show_default=True)
+@click.option("--seconds", type=click.FloatRange(min=0.1), default=None,
+              help="Time per group instead of a run count.")
+@click.option("--sessions", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Fresh sessions per case, used in turn (their medians show the spread).")
+@click.option("--baseline", type=click.Choice(["none", "torch"]), default="none",
+              show_default=True, help="Add a PyTorch eager fp32 row, interleaved with the rest.")
+@click.option("--fallback", is_flag=True, help="Let providers fall back (reported) instead of "
+              "being listed as unavailable.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--csv", "csv_out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--compare", "compare", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              multiple=True, help="Show saved JSON reports side by side (no bundle needed).")
+def bench(bundle: Path | None, providers: str, precisions: tuple[str, ...],
+          resolutions: tuple[tuple[int, int], ...] | None, batches: tuple[int, ...],
+          threads: tuple[int | None, ...], warmup: int, runs: int, seconds: float | None,
+          sessions: int, baseline: str, fallback: bool, json_out: Path | None,
+          csv_out: Path | None, compare: tuple[Path, ...]) -> None:
+    """Measure latency, throughput, cold start and memory per provider and precision.
+
+    Cases run in one process, interleaved run by run, over several sessions each.
+    Every row says which provider actually ran.
+    """
+    from rich.progress import Progress
+
+    from vit_deploy.atomic import write_bytes_atomic
+    from vit_deploy.bench import (TABLE_HEADER, BenchOptions, format_table, load_reports,
+                                  run_bench, status_notes)
+    from vit_deploy.runtime.manifest import BundleError
+
+    console = _console()
+    if compare:
+        try:
+            _print_compare(console, load_reports(compare), [str(p) for p in compare])
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--compare") from None
+        return
+    if bundle is None:
+        raise click.UsageError("give a BUNDLE to measure, or --compare REPORT.json ...")
+    try:
+        options = BenchOptions(providers=tuple(p for p in providers.split(",") if p.strip()),
+                               precisions=precisions, resolutions=resolutions or (),
+                               batches=batches, threads=threads, warmup=warmup, runs=runs,
+                               seconds=seconds, sessions=sessions,
+                               baseline_torch=baseline == "torch", fallback=fallback)
+        with Progress(console=console, transient=True) as bar:
+            task = bar.add_task("benchmarking", total=None)
+            report = run_bench(bundle, options,
+                               progress=lambda d, t: bar.update(task, completed=d, total=t))
+    except (BundleError, ValueError) as e:
+        raise click.UsageError(str(e)) from None
+    env = report.environment
+    console.print(f"{env.get('cpu')} ({env.get('cores')} cores; {', '.join(env.get('cpu_flags', []))})"
+                  f"; GPU: {env.get('gpu') or 'none'}; onnxruntime {env['onnxruntime']}, "
+                  f"torch {env.get('torch')}")
+    table = Table(*TABLE_HEADER)
+    for row in format_table(report):
+        table.add_row(*row)
+    console.print(table)
+    if json_out:
+        write_bytes_atomic(json_out, report.to_json().encode())
+    if csv_out:
+        write_bytes_atomic(csv_out, report.to_csv().encode())
+    for note in status_notes(report):
+        console.print(note)
+
+
+def _print_compare(console: Console, reports: list[dict[str, Any]], names: list[str]) -> None:
+    keys: dict[tuple, dict[int, dict[str, Any]]] = {}
+    for i, rep in enumerate(reports):
+        for c in rep["cases"]:
+            key = (c["requested"], c["precision"], tuple(c["resolution"]), c["batch"], c["threads"])
+            keys.setdefault(key, {})[i] = c
+    table = Table("asked", "precision", "res", "batch", "threads",
+                  *[f"{Path(n).stem}: p50 ms (ran on)" for n in names])
+    for (req, prec, res, batch, threads), by in keys.items():
+        cells = [f"{by[i]['p50_ms']:.2f} ({by[i]['provider']})" if i in by and "p50_ms" in by[i]
+                 else (by[i]["status"][:30] if i in by else "-") for i in range(len(reports))]
+        table.add_row(req, prec, format_resolution(res), str(batch), str(threads or "default"),
+                      *cells)
+    for n, rep in zip(names, reports):
+        env = rep.get("environment", {})
+        console.print(f"{n}: {env.get('cpu')} / GPU {env.get('gpu') or 'none'} / onnxruntime "
+                      f"{env.get('onnxruntime')}")
+    console.print(table)
+
+
 @main.command()
 @click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")

@@ -1,0 +1,71 @@
+import csv
+import io
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from vit_deploy.bench import BenchOptions, environment, run_bench
+from vit_deploy.cli import main
+
+
+def test_bench_interleaves_cases_with_a_torch_baseline(tiny_bundle):
+    _, result = tiny_bundle
+    report = run_bench(result.path, BenchOptions(resolutions=((16, 16), (32, 48)), batches=(1, 2),
+                                                 runs=6, warmup=1, sessions=2,
+                                                 baseline_torch=True))
+    assert len(report.cases) == 2 * 2 * 2  # (torch + cpu fp32) x resolutions x batches
+    for case in report.cases:
+        s = case.stats()
+        assert case.status == "ok" and s["runs"] == 6
+        assert s["min_ms"] <= s["p50_ms"] <= s["p90_ms"] <= s["p99_ms"] <= s["max_ms"]
+        assert s["images_per_s"] == pytest.approx(1000 * case.batch / s["p50_ms"])
+        assert case.cold_start_ms > 0
+        if case.provider == "torch":
+            assert case.ratio_to_torch is None
+        else:
+            assert case.provider == "cpu" and case.ratio_to_torch > 0
+            assert len(case.session_medians_ms) == 2  # every session was used
+
+
+def test_unavailable_provider_is_reported_not_skipped(tiny_bundle):
+    _, result = tiny_bundle
+    report = run_bench(result.path, BenchOptions(providers=("cpu", "openvino"), runs=2, warmup=0,
+                                                 sessions=1))
+    by = {c.requested: c for c in report.cases}
+    assert by["openvino"].status.startswith("unavailable") and not by["openvino"].latencies_ms
+    assert by["cpu"].status == "ok"
+
+
+def test_environment_fingerprint():
+    env = environment()
+    assert env["cores"] >= 1 and env["onnxruntime"] and "cpu" in env
+    assert "CPUExecutionProvider" in env["ort_providers_listed"]
+
+
+def test_bench_cli_writes_json_and_csv_and_compares(tiny_bundle, tmp_path):
+    _, result = tiny_bundle
+    j, c = tmp_path / "r.json", tmp_path / "r.csv"
+    r = CliRunner().invoke(main, ["bench", str(result.path), "--res", "16,24x32", "--runs", "3",
+                                  "--warmup", "0", "--sessions", "1", "--json", str(j),
+                                  "--csv", str(c), "--threads", "1,default"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(j.read_text())
+    assert len(data["cases"]) == 4 and data["environment"]["cores"] >= 1
+    rows = list(csv.DictReader(io.StringIO(c.read_text())))
+    assert {row["resolution"] for row in rows} == {"16x16", "24x32"}
+    assert {row["threads"] for row in rows} == {"1", ""}
+    r = CliRunner().invoke(main, ["bench", "--compare", str(j), "--compare", str(j)])
+    assert r.exit_code == 0 and r.output.count("(cpu)") == 8
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--res", "20"], "not a positive multiple of the patch size 8"),
+    (["--precision", "int8"], "no ['int8'] model"),
+    (["--batch", "0"], "batch sizes must be positive"),
+    (["--threads", "x"], "threads must be positive"),
+])
+def test_bench_bad_arguments(tiny_bundle, args, message):
+    _, result = tiny_bundle
+    r = CliRunner().invoke(main, ["bench", str(result.path), *args])
+    assert r.exit_code == 2 and message in r.output, r.output

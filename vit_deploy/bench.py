@@ -1,0 +1,350 @@
+"""Provider comparison: latency percentiles, throughput, cold start, memory.
+
+Cases that are compared run in one process, interleaved run by run, each over several
+fresh sessions (the same graph can land on latency levels ≈ 25 % apart from one session
+to the next, DESIGN.md), so ratios between them survive a noisy machine.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import platform
+import re
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vit_deploy.runtime.manifest import load_manifest
+from vit_deploy.runtime.providers import parse_providers, short_name
+from vit_deploy.runtime.session import RuntimeOptions, ViTSession
+from vit_deploy.sizes import check_input_size
+
+TORCH = "torch"  # the baseline's provider label
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchOptions:
+    providers: tuple[str, ...] = ("cpu",)
+    precisions: tuple[str, ...] = ("fp32",)
+    resolutions: tuple[tuple[int, int], ...] = ()  # () -> the bundle's deploy resolution
+    batches: tuple[int, ...] = (1,)
+    threads: tuple[int | None, ...] = (None,)  # None: ONNX Runtime / PyTorch default
+    warmup: int = 5
+    runs: int = 30
+    seconds: float | None = None  # time budget per (resolution, batch, threads) group
+    sessions: int = 2  # fresh sessions per case, used in turn
+    baseline_torch: bool = False
+    fallback: bool = False  # allow a provider to fall back (reported), else unavailable
+
+    def __post_init__(self) -> None:
+        for name in ("warmup", "runs", "sessions"):
+            if getattr(self, name) < (0 if name == "warmup" else 1):
+                raise ValueError(f"{name} must be >= {0 if name == 'warmup' else 1}, got "
+                                 f"{getattr(self, name)}")
+        if any(b < 1 for b in self.batches):
+            raise ValueError(f"batch sizes must be >= 1, got {self.batches}")
+
+
+@dataclass
+class CaseResult:
+    provider: str  # what actually ran ('torch' for the PyTorch eager baseline)
+    requested: str
+    precision: str
+    resolution: tuple[int, int]
+    batch: int
+    threads: int | None
+    latencies_ms: list[float] = field(repr=False, default_factory=list)
+    session_medians_ms: list[float] = field(default_factory=list)
+    cold_start_ms: float = 0.0  # session creation + first run
+    memory_mb: float = 0.0  # RSS growth from session creation and first run
+    gpu_memory_mb: float | None = None
+    status: str = "ok"  # ok | unavailable: <why>
+    ratio_to_torch: float | None = None
+
+    def stats(self) -> dict[str, float]:
+        a = np.asarray(self.latencies_ms)
+        if not a.size:
+            return {}
+        p50 = float(np.percentile(a, 50))
+        return {"p50_ms": p50, "p90_ms": float(np.percentile(a, 90)),
+                "p99_ms": float(np.percentile(a, 99)), "mean_ms": float(a.mean()),
+                "min_ms": float(a.min()), "max_ms": float(a.max()), "runs": int(a.size),
+                "images_per_s": 1000.0 * self.batch / p50 if p50 > 0 else 0.0}
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("latencies_ms")
+        d["resolution"] = list(self.resolution)
+        return d | self.stats()
+
+
+@dataclass
+class BenchReport:
+    bundle: str
+    environment: dict[str, Any]
+    options: dict[str, Any]
+    cases: list[CaseResult]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"bundle": self.bundle, "environment": self.environment, "options": self.options,
+                "cases": [c.to_dict() for c in self.cases]}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def to_csv(self) -> str:
+        rows = [c.to_dict() for c in self.cases]
+        keys = ["provider", "requested", "precision", "resolution", "batch", "threads", "p50_ms",
+                "p90_ms", "p99_ms", "mean_ms", "min_ms", "max_ms", "runs", "images_per_s",
+                "ratio_to_torch", "cold_start_ms", "memory_mb", "gpu_memory_mb", "status"]
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, keys, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            r["resolution"] = f"{r['resolution'][0]}x{r['resolution'][1]}"
+            w.writerow(r)
+        return buf.getvalue()
+
+
+def run_bench(bundle: str | Path, options: BenchOptions = BenchOptions(),
+              progress: Callable[[int, int], None] | None = None) -> BenchReport:
+    bundle = Path(bundle)
+    manifest = load_manifest(bundle)
+    cfg = manifest["config"]
+    missing = [p for p in options.precisions if p not in manifest["models"]]
+    if missing:
+        raise ValueError(f"bundle has no {missing} model(s); it has {sorted(manifest['models'])} "
+                         f"(add them with vit-deploy quantize)")
+    providers = [p.name for p in parse_providers(list(options.providers))]
+    resolutions = options.resolutions or (tuple(manifest["preprocess"]["resolution"]),)
+    for hw in resolutions:
+        check_input_size(*hw, cfg["patch_size"])
+        if not manifest["io"]["dynamic"] and list(hw) != manifest["preprocess"]["resolution"]:
+            raise ValueError(f"this bundle is static at {manifest['preprocess']['resolution']}, "
+                             f"cannot bench {hw}")
+    groups = [(hw, b, t) for hw in resolutions for b in options.batches for t in options.threads]
+    total = len(groups) * (options.runs if options.seconds is None else 1)
+    done = 0
+    cases: list[CaseResult] = []
+    for hw, batch, threads in groups:
+        x = np.random.default_rng(0).standard_normal((batch, cfg["in_chans"], *hw), dtype=np.float32)
+        runners: list[tuple[CaseResult, list[Callable[[], Any]]]] = []
+        if options.baseline_torch:
+            runners.append(_torch_runner(bundle, x, batch, hw, threads, options))
+        for provider in providers:
+            for precision in options.precisions:
+                runners.append(_ort_runner(bundle, provider, precision, x, hw, batch, threads,
+                                           options))
+        live = [(c, fns) for c, fns in runners if fns]
+        for _ in range(options.warmup):
+            for _, fns in live:
+                for fn in fns:
+                    fn()
+        per_session: dict[int, list[list[float]]] = {id(c): [[] for _ in fns] for c, fns in live}
+        deadline = None if options.seconds is None else time.perf_counter() + options.seconds
+        i = 0
+        while (i < options.runs) if deadline is None else (time.perf_counter() < deadline or i < 3):
+            for case, fns in live:  # interleaved: A B C A B C ...
+                k = i % len(fns)
+                t0 = time.perf_counter()
+                fns[k]()
+                dt = (time.perf_counter() - t0) * 1000
+                case.latencies_ms.append(dt)
+                per_session[id(case)][k].append(dt)
+            i += 1
+            if deadline is None:
+                done += 1
+                if progress:
+                    progress(done, total)
+        if deadline is not None:
+            done += 1
+            if progress:
+                progress(done, total)
+        for case, _ in live:
+            case.session_medians_ms = [float(np.median(s)) for s in per_session[id(case)] if s]
+        base = next((c for c, _ in live if c.provider == TORCH), None)
+        for case, _ in runners:
+            if base is not None and case.latencies_ms and case is not base:
+                case.ratio_to_torch = case.stats()["p50_ms"] / base.stats()["p50_ms"]
+            cases.append(case)
+        del runners, live
+    opts = asdict(options) | {"providers_resolved": [short_name(p) for p in providers]}
+    return BenchReport(str(bundle), environment(), opts, cases)
+
+
+def _ort_runner(bundle: Path, provider: str, precision: str, x: np.ndarray, hw, batch, threads,
+                options: BenchOptions) -> tuple[CaseResult, list[Callable[[], Any]]]:
+    case = CaseResult(provider="", requested=short_name(provider), precision=precision,
+                      resolution=tuple(hw), batch=batch, threads=threads)
+    fns: list[Callable[[], Any]] = []
+    rss0 = rss_mb()
+    gpu0 = gpu_memory_mb()
+    try:
+        for _ in range(options.sessions):
+            t0 = time.perf_counter()
+            s = ViTSession(bundle, provider=provider, precision=precision, fallback=options.fallback,
+                           options=RuntimeOptions(threads=threads, verify=False))
+            s.run(x)
+            case.cold_start_ms = case.cold_start_ms or (time.perf_counter() - t0) * 1000
+            case.provider = short_name(s.providers[0])
+            if s.fallback_reason:
+                case.status = f"fell back: {s.fallback_reason}"
+            fns.append(lambda s=s: s.run(x))
+    except Exception as e:  # a provider that cannot run here is reported, not skipped
+        case.status = f"unavailable: {str(e).splitlines()[0]}"
+        case.provider = case.provider or "-"
+        return case, []
+    case.memory_mb = (rss_mb() - rss0) / options.sessions
+    gpu1 = gpu_memory_mb()
+    if gpu0 is not None and gpu1 is not None:
+        case.gpu_memory_mb = (gpu1 - gpu0) / options.sessions
+    return case, fns
+
+
+def _torch_runner(bundle: Path, x: np.ndarray, batch: int, hw, threads,
+                  options: BenchOptions) -> tuple[CaseResult, list[Callable[[], Any]]]:
+    case = CaseResult(provider=TORCH, requested=TORCH, precision="fp32", resolution=tuple(hw),
+                      batch=batch, threads=threads)
+    try:
+        import torch
+
+        from vit_deploy.checkpoints import load_model
+    except ImportError:
+        case.status = "unavailable: PyTorch is not installed (pip install 'vit-deploy[export]')"
+        return case, []
+    manifest = load_manifest(bundle, verify=False)
+    weights = next(n for n, e in manifest["files"].items() if e.get("role") == "weights")
+    rss0 = rss_mb()
+    t0 = time.perf_counter()
+    torch.set_num_threads(threads or (os.cpu_count() or 1))
+    model = load_model(bundle / weights)
+    xt = torch.from_numpy(x)
+
+    def run() -> Any:
+        with torch.inference_mode():
+            return model(xt)
+
+    run()
+    case.cold_start_ms = (time.perf_counter() - t0) * 1000
+    case.memory_mb = rss_mb() - rss0
+    return case, [run]
+
+
+def rss_mb() -> float:
+    """Current resident set size of this process (Linux /proc; elsewhere ru_maxrss)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def peak_rss_mb() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def gpu_memory_mb() -> float | None:
+    """Used memory of GPU 0 from nvidia-smi, or None where there is no NVIDIA GPU."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,"
+                              "nounits", "-i", "0"], capture_output=True, text=True, timeout=10)
+        return float(out.stdout.strip().splitlines()[0]) if out.returncode == 0 else None
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return None
+
+
+def environment() -> dict[str, Any]:
+    """Where the numbers came from: CPU, flags, cores, GPU, library versions."""
+    import onnxruntime as ort
+
+    env: dict[str, Any] = {"machine": platform.machine(), "system": platform.system(),
+                           "python": platform.python_version(), "cores": os.cpu_count(),
+                           "onnxruntime": ort.__version__,
+                           "ort_providers_listed": ort.get_available_providers()}
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+        model = re.search(r"^model name\s*:\s*(.*)$", cpuinfo, re.M)
+        flags = re.search(r"^flags\s*:\s*(.*)$", cpuinfo, re.M)
+        env["cpu"] = model.group(1) if model else platform.processor()
+        have = set(flags.group(1).split()) if flags else set()
+        env["cpu_flags"] = sorted(f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16",
+                                              "avx_vnni", "amx_int8", "amx_bf16", "fma") if f in have)
+    except OSError:
+        env["cpu"] = platform.processor()
+    for mod in ("onnx", "torch", "numpy"):
+        try:
+            env[mod] = __import__(mod).__version__
+        except ImportError:
+            env[mod] = None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
+        env["gpu"] = out.stdout.strip() if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        env["gpu"] = None
+    return env
+
+
+def format_table(report: BenchReport) -> list[list[str]]:
+    rows = []
+    for c in report.cases:
+        s = c.stats()
+        res = f"{c.resolution[0]}x{c.resolution[1]}"
+        status = c.status.split(":")[0] + (" (see below)" if ":" in c.status else "")
+        if not s:
+            rows.append([c.requested, c.provider, c.precision, res, str(c.batch),
+                         str(c.threads or "default"), "-", "-", "-", "-", "-", "-", status])
+            continue
+        spread = (f"{min(c.session_medians_ms):.1f}-{max(c.session_medians_ms):.1f}"
+                  if c.session_medians_ms else "-")
+        rows.append([c.requested, c.provider, c.precision, res, str(c.batch),
+                     str(c.threads or "default"), f"{s['p50_ms']:.2f}", f"{s['p90_ms']:.2f}",
+                     f"{s['p99_ms']:.2f}", f"{s['images_per_s']:.1f}",
+                     "-" if c.ratio_to_torch is None else f"{c.ratio_to_torch:.2f}", spread,
+                     status])
+    return rows
+
+
+TABLE_HEADER = ["asked", "ran on", "precision", "res", "batch", "threads", "p50 ms", "p90 ms",
+                "p99 ms", "img/s", "× torch", "session p50s", "status"]
+
+
+def status_notes(report: BenchReport) -> list[str]:
+    """Each distinct reason a case did not run as asked, once."""
+    notes: dict[str, None] = {}
+    for c in report.cases:
+        if ":" in c.status:
+            notes[f"{c.requested}: {c.status}"] = None
+    return list(notes)
+
+
+def load_reports(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
+    out = []
+    for p in paths:
+        try:
+            out.append(json.loads(Path(p).read_text()))
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"cannot read bench report {str(p)!r}: {e}") from None
+    return out
