@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from vit_deploy.checkpoints import save_weights
 from vit_deploy.config import variant
-from vit_deploy.data import (DIGITS_FILE, DIGITS_MEAN, DIGITS_MODEL_FILE, DIGITS_SIZE, DIGITS_STD,
+from vit_deploy.data import (DIGITS_FILE, DIGITS_RECORD_FILE, DIGITS_MEAN, DIGITS_MODEL_FILE, DIGITS_SIZE, DIGITS_STD,
                              data_path, load_digits_split, normalise)
 from vit_deploy.model import build_model
 
@@ -53,12 +53,12 @@ def augment(x: torch.Tensor, gen: torch.Generator, shift: int) -> torch.Tensor:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=60)
-    parser.add_argument("--patch", type=int, default=4)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--pool", default="cls", choices=["cls", "mean"])
+    parser.add_argument("--epochs", type=int, default=200)
+    parser.add_argument("--patch", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--pool", default="mean", choices=["cls", "mean"])
     parser.add_argument("--wd", type=float, default=0.05)
-    parser.add_argument("--shift", type=int, default=3, help="max random shift in pixels")
+    parser.add_argument("--shift", type=int, default=2, help="max random shift in pixels")
     parser.add_argument("--out", default=None, help="weights path (default: the package data)")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -99,10 +99,13 @@ def main() -> None:
     with torch.no_grad():
         acc = float((model(x_test).argmax(1).numpy() == y_test).mean())
     save_weights(model, args.out or data_path(DIGITS_MODEL_FILE))
-    print(json.dumps({"held_out_accuracy": round(acc, 4), "held_out_images": len(y_test),
+    record = {"held_out_accuracy": round(acc, 4), "held_out_images": len(y_test),
                       "train_images": len(y_train), "epochs": args.epochs, "seed": SEED,
                       "patch": args.patch, "lr": args.lr, "pool": args.pool, "shift": args.shift,
-                      "seconds": round(time.time() - start, 1)}))
+                      "seconds": round(time.time() - start, 1), "torch": torch.__version__}
+    print(json.dumps(record))
+    if args.out is None:
+        data_path(DIGITS_RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ def write_bytes_atomic(dst: str | os.PathLike, data: bytes) -> Path:
     dst.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.tmp-", dir=dst.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; artifacts are ordinary files
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -80,6 +81,7 @@ def write_bytes_atomic(dst: str | os.PathLike, data: bytes) -> Path:
 
 
 def _umask() -> int:
+    """The process umask (read without changing it for long)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask

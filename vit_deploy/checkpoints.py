@@ -10,6 +10,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from vit_deploy.atomic import _umask
 from vit_deploy.config import ViTConfig
 from vit_deploy.model import ViT, build_model
 
@@ -26,6 +27,7 @@ def save_weights(model: ViT, path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    os.fchmod(fd, 0o666 & ~_umask())
     os.close(fd)
     try:
         save_file(state, tmp, metadata={CONFIG_KEY: model.cfg.to_json()})

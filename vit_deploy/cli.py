@@ -63,6 +63,8 @@ def _quant_options(func):
                      help="int4: weights per quantisation block (a power of two)."),
         click.option("--exclude", default="", help="Linear layers kept float, by module path "
                      "(comma-separated, e.g. blocks.3.mlp.fc2)."),
+        click.option("--float-head", is_flag=True, help="Keep the classifier head float "
+                     "(it is quantised by default: measured harmless)."),
         click.option("--max-drop", type=click.FloatRange(min=0), default=None,
                      help="Sensitivity budget: keep the most sensitive layers float until the "
                           "drop is at most this (accuracy points on the trained test model, "
@@ -120,7 +122,7 @@ def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | N
            num_classes: int | None, static: bool, no_simplify: bool, features: bool, opset: int,
            seed: int, out: Path | None, labels_file: Path | None, precisions: tuple[str, ...],
            calib: str | None, calib_method: str, calib_samples: int, block_size: int,
-           exclude: str, max_drop: float | None, force: bool) -> None:
+           exclude: str, float_head: bool, max_drop: float | None, force: bool) -> None:
     """Export a ViT to an ONNX bundle that takes any H×W divisible by the patch size.
 
     Checks ONNX Runtime (CPU) against PyTorch at several resolutions and batch sizes;
@@ -161,7 +163,7 @@ def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | N
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--res") from None
     labels = _read_labels(labels_file, cfg.num_classes) if labels_file else None
-    out = out or Path(f"vit-{size}{cfg.patch_size}-{_res_label(resolution)}")
+    out = out or Path(f"vit-{(cfg.name or size).replace('/', '')}-{_res_label(resolution)}")
     try:
         check_destination(out, force=force)
     except OutputExistsError as e:
@@ -188,7 +190,7 @@ def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | N
     if any(p != "fp32" for p in precisions):
         _run_precisions(out, precisions, calib=calib, calib_method=calib_method,
                         calib_samples=calib_samples, block_size=block_size, exclude=exclude,
-                        max_drop=max_drop, force=False)
+                        float_head=float_head, max_drop=max_drop, force=False)
     from vit_deploy.runtime.manifest import load_manifest
 
     _print_summary(console, load_manifest(out), out)
@@ -196,7 +198,7 @@ def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | N
 
 def _run_precisions(bundle: Path, precisions: tuple[str, ...], *, calib: str | None,
                     calib_method: str, calib_samples: int, block_size: int, exclude: str,
-                    max_drop: float | None, force: bool) -> None:
+                    float_head: bool, max_drop: float | None, force: bool) -> None:
     from vit_deploy.export.precisions import PrecisionOptions, add_precisions, calibration_batches
     from vit_deploy.export.quantize import QuantizeError, QuantOptions
     from vit_deploy.runtime.manifest import BundleError, load_manifest
@@ -205,7 +207,8 @@ def _run_precisions(bundle: Path, precisions: tuple[str, ...], *, calib: str | N
     try:
         manifest = load_manifest(bundle)
         quant = QuantOptions(exclude=tuple(e.strip() for e in exclude.split(",") if e.strip()),
-                             calibration=calib_method, block_size=block_size)
+                             calibration=calib_method, block_size=block_size,
+                             head=not float_head)
         calibration = (calibration_batches(manifest, calib, limit=calib_samples)
                        if calib and "int8-static" in precisions else None)
         results = add_precisions(bundle, precisions, calibration=calibration, log=console.print,
@@ -248,8 +251,8 @@ def _run_precisions(bundle: Path, precisions: tuple[str, ...], *, calib: str | N
 @_quant_options
 @click.option("--force", is_flag=True, help="Write precisions even if they fail the policy.")
 def quantize(bundle: Path, precisions: tuple[str, ...], calib: str | None, calib_method: str,
-             calib_samples: int, block_size: int, exclude: str, max_drop: float | None,
-             force: bool) -> None:
+             calib_samples: int, block_size: int, exclude: str, float_head: bool,
+             max_drop: float | None, force: bool) -> None:
     """Add quantised / fp16 models to BUNDLE, each checked against its fp32 model.
 
     Only the encoder's linear layers are quantised. A precision outside the tolerance
@@ -257,7 +260,7 @@ def quantize(bundle: Path, precisions: tuple[str, ...], calib: str | None, calib
     """
     _run_precisions(bundle, precisions, calib=calib, calib_method=calib_method,
                     calib_samples=calib_samples, block_size=block_size, exclude=exclude,
-                    max_drop=max_drop, force=force)
+                    float_head=float_head, max_drop=max_drop, force=force)
 
 
 def _csv_list(convert):

@@ -45,17 +45,17 @@ def test_linear_layers_are_named_by_module_path(fp32_bundle):
 def test_each_linear_layer_runs_quantised(fp32_bundle, calib, tmp_path, precision, kernel):
     result = quantize_model(fp32_bundle / MODEL_FILE, tmp_path / "q.onnx", precision=precision,
                             calibration=calib, options=QuantOptions(block_size=16))
-    assert result.recipe["quantised_layers"] == LAYERS
-    assert result.recipe["kept_float_layers"] == ["head"]
+    assert result.recipe["quantised_layers"] == [*LAYERS, "head"]
+    assert result.recipe["kept_float_layers"] == []
     ops = ort_kernels(result.path)["optimised_ops"]
     if precision != "int8-static":
-        assert ops.get(kernel) == len(LAYERS)  # nothing silently left in fp32
+        assert ops.get(kernel) == len(LAYERS) + 1  # nothing silently left in fp32
     else:  # QDQ: every quantised MatMul reads a dequantised weight, the others do not
         model = onnx.load(str(result.path))
         produced_by = {o: n.op_type for n in model.graph.node for o in n.output}
         qdq = [n for n in model.graph.node if n.op_type == "MatMul"
                and produced_by.get(n.input[1]) == "DequantizeLinear"]
-        assert len(qdq) == len(LAYERS)
+        assert len(qdq) == len(LAYERS) + 1
     x = sample_inputs((24, 40), 2)
     with ViTSession(fp32_bundle) as ref, ViTSession(result.path) as q:
         case = judge(ref.run(x), q.run(x), resolution=(24, 40), provider="cpu",
@@ -85,7 +85,14 @@ def test_exclusions_by_module_path(fp32_bundle, tmp_path, precision, kernel):
                             options=QuantOptions(exclude=("blocks.1.mlp.fc2", "blocks.0.attn.qkv"),
                                                  block_size=16))
     assert {"blocks.1.mlp.fc2", "blocks.0.attn.qkv"} <= set(result.recipe["kept_float_layers"])
-    assert ort_kernels(result.path)["optimised_ops"][kernel] == len(LAYERS) - 2
+    assert ort_kernels(result.path)["optimised_ops"][kernel] == len(LAYERS) + 1 - 2
+
+
+def test_head_can_stay_float(fp32_bundle, tmp_path):
+    result = quantize_model(fp32_bundle / MODEL_FILE, tmp_path / "q.onnx", precision="int8",
+                            options=QuantOptions(head=False))
+    assert result.recipe["kept_float_layers"] == ["head"] and "head" in result.recipe["kept_float"]
+    assert ort_kernels(result.path)["optimised_ops"]["DynamicQuantizeMatMul"] == len(LAYERS)
     with pytest.raises(ValueError, match=r"unknown layers \['blocks.9.mlp'\]"):
         quantize_model(fp32_bundle / MODEL_FILE, tmp_path / "x.onnx", precision="int8",
                        options=QuantOptions(exclude=("blocks.9.mlp",)))
@@ -113,8 +120,9 @@ def test_add_precisions_rewrites_the_bundle_with_recipes(fp32_bundle, calib, tmp
             assert s.run(sample_inputs((16, 16), 1)).shape == (1, 10)
     assert manifest["precisions"]["int8-static"]["recipe"]["calibration"] == "minmax"
     assert "Cast" in manifest["precisions"]["fp16"]["notes"][0]
+    n = len(LAYERS) + 1
     assert manifest["precisions"]["int8"]["runtime"]["check"] == \
-        f"{len(LAYERS)} DynamicQuantizeMatMul for {len(LAYERS)} quantised layers"
+        f"{n} DynamicQuantizeMatMul for {n} quantised layers"
     sizes = {p: manifest["files"][PRECISION_FILES[p]]["size"] for p in manifest["models"]}
     assert sizes["int8"] < sizes["fp32"] and sizes["int4"] < sizes["int8"]
 
@@ -147,7 +155,7 @@ def test_sensitivity_keeps_the_worst_layers_float(fp32_bundle, tmp_path):
     ranking = r.recipe["sensitivity"]["ranking"]
     kept = [x for x in ranking if x["kept_float"]]
     assert kept and kept[-1]["drop_after"] <= budget
-    assert r.recipe["kept_float_layers"] == sorted({*(x["layer"] for x in kept), "head"},
+    assert r.recipe["kept_float_layers"] == sorted({x["layer"] for x in kept},
                                                    key=[*LAYERS, "head"].index)
     alone = [x["drop_alone"] for x in ranking]
     assert alone[:len(kept)] == sorted(alone[:len(kept)], reverse=True)

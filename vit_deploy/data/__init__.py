@@ -15,6 +15,7 @@ import numpy as np
 
 DIGITS_FILE = "digits.npz"
 DIGITS_MODEL_FILE = "digits_vit.safetensors"
+DIGITS_RECORD_FILE = "digits_vit.json"  # what the training script measured
 DIGITS_SIZE = 32  # the 8×8 digits are shown to the model as 32×32 RGB images
 DIGITS_MEAN = (0.5, 0.5, 0.5)
 DIGITS_STD = (0.5, 0.5, 0.5)

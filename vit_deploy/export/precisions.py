@@ -24,6 +24,7 @@ from vit_deploy.contract import (ACCURACY_MAX_DROP, MANIFEST_NAME, PRECISION_FIL
 from vit_deploy.export.quantize import QuantOptions, quantisable_layers, quantize_model
 from vit_deploy.parity import ParityReport, judge, sample_inputs
 from vit_deploy.runtime.manifest import file_entry, load_manifest
+from vit_deploy.runtime.providers import captured_stderr
 from vit_deploy.runtime.session import ViTSession
 
 DIGITS_MODEL_NAME = "digits-vit"  # the trained test model: accuracy is measured on it
@@ -170,8 +171,8 @@ def choose_exclusions(evaluator: Evaluator, precision: str, quant: QuantOptions,
     total = drop_with(base)
     if total <= max_drop:
         return quant, [{"layer": "(all quantised)", "drop": round(total, 6), "kept_float": False}]
-    layers = [p for p in quantisable_layers(onnx.load(str(evaluator.reference),
-                                                      load_external_data=False)) if p not in base]
+    model = onnx.load(str(evaluator.reference), load_external_data=False)
+    layers = [p for p in quantisable_layers(model, head=quant.head) if p not in base]
     alone = {}
     for layer in layers:  # quantise one layer at a time: the error it adds on its own
         alone[layer] = drop_with(tuple(p for p in layers if p != layer) + base)
@@ -234,7 +235,8 @@ def ort_kernels(path: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         so = ort.SessionOptions()
         so.optimized_model_filepath = os.path.join(tmp, "opt.onnx")
-        ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        with captured_stderr():  # ORT warns that NCHWc graphs are machine-specific: we know
+            ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         optimised = onnx.load(so.optimized_model_filepath)
     source = onnx.load(str(path))
     ops: dict[str, int] = {}
@@ -273,21 +275,21 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".we
 
 def calibration_batches(manifest: dict[str, Any], source: str | Path, *, limit: int = 64,
                         batch: int = 8) -> list[np.ndarray]:
-    """Calibration inputs: a folder of images (preprocessed as the manifest says), or
-    'digits' for the trained test model's training split."""
+    """Calibration inputs, preprocessed as the manifest says: a folder of images, or
+    'digits' (the trained test model's training split, shipped with the package)."""
+    from vit_deploy.runtime.preprocess import Preprocess
+
+    pre = Preprocess.from_manifest(manifest, resize="shorter_side_center_crop")
     if str(source) == "digits":
-        from vit_deploy.data import load_digits_split, normalise
+        from vit_deploy.data import load_digits_split
 
-        x = normalise(load_digits_split()["train_images"][:limit])
+        images: list[Any] = list(load_digits_split()["train_images"][:limit])
     else:
-        from vit_deploy.runtime.preprocess import Preprocess
-
         folder = Path(source)
         if not folder.is_dir():
             raise ValueError(f"--calib must be a folder of images or 'digits', got {str(folder)!r}")
-        files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)[:limit]
-        if not files:
+        images = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)[:limit]
+        if not images:
             raise ValueError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {str(folder)!r}")
-        pre = Preprocess.from_manifest(manifest, resize="shorter_side_center_crop")
-        x = np.stack([pre(f) for f in files])
+    x = np.stack([pre(image) for image in images])
     return [x[i:i + batch] for i in range(0, len(x), batch)]

@@ -1,16 +1,18 @@
 """fp32 ONNX -> fp16 / int8 dynamic / int8 static (QDQ) / int4 weight-only.
 
-Only the linear layers inside the encoder blocks (qkv, proj, fc1, fc2) are quantised;
-the patch embedding, position resampling, LayerNorm, Softmax, GELU and the head stay
-float (DESIGN.md). Layers are named by module path (`blocks.3.mlp.fc2`), mapped to ONNX
+Only the linear layers are quantised: those inside the encoder blocks (qkv, proj, fc1,
+fc2) and the classifier head (measured harmless: README); the patch embedding, position
+resampling, LayerNorm, Softmax and GELU stay float (DESIGN.md). Layers are named by module path (`blocks.3.mlp.fc2`), mapped to ONNX
 node names through the metadata the exporter stores. Needs onnx + onnxruntime only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,7 @@ class QuantOptions:
     calibration: str = "minmax"  # int8-static: minmax | entropy | percentile
     percentile: float = 99.999
     block_size: int = 32  # int4: weights per quantisation block
+    head: bool = True  # quantise the classifier head too (measured harmless, README)
     fp16_keep_fp32: tuple[str, ...] = FP16_KEEP_FP32
 
     def __post_init__(self) -> None:
@@ -68,10 +71,11 @@ def linear_layers(model: onnx.ModelProto) -> dict[str, str]:
     return mapping
 
 
-def quantisable_layers(model: onnx.ModelProto) -> dict[str, str]:
-    """The encoder's linear layers (qkv, proj, fc1, fc2 of every block)."""
+def quantisable_layers(model: onnx.ModelProto, *, head: bool = False) -> dict[str, str]:
+    """The encoder's linear layers (qkv, proj, fc1, fc2 of every block), and the head if
+    asked for."""
     return {path: node for path, node in linear_layers(model).items()
-            if path.startswith("blocks.")}
+            if path.startswith("blocks.") or (head and path == "head")}
 
 
 def quantize_model(src: str | Path, dst: str | Path, *, precision: str,
@@ -82,12 +86,14 @@ def quantize_model(src: str | Path, dst: str | Path, *, precision: str,
         raise ValueError(f"precision must be one of {[p for p in PRECISIONS if p != 'fp32']}, "
                          f"got {precision!r}")
     model = _clean(onnx.load(str(src)))
-    layers = quantisable_layers(model)
+    layers = quantisable_layers(model, head=options.head)
     unknown = sorted(set(options.exclude) - set(linear_layers(model)))
     if unknown:
         raise ValueError(f"--exclude names unknown layers {unknown}; layers are "
                          f"{list(layers)[:4]} ...")
     chosen = {p: n for p, n in layers.items() if p not in options.exclude}
+    if "head" in chosen and precision != "fp16":
+        _gemm_to_matmul(model, chosen["head"])  # ORT quantises MatMul dynamically, not Gemm
     kept = [p for p in linear_layers(model) if p not in chosen]
     recipe: dict[str, Any] = {"precision": precision, "quantised_layers": list(chosen),
                               "kept_float_layers": kept}
@@ -127,7 +133,8 @@ def quantize_model(src: str | Path, dst: str | Path, *, precision: str,
     except onnx.checker.ValidationError as e:
         raise QuantizeError(f"{precision} model fails the ONNX checker: {e}") from e
     recipe["kept_float"] = ["patch embedding", "position resampling", "LayerNorm", "Softmax",
-                            "GELU", "head"] if precision != "fp16" else list(options.fp16_keep_fp32)
+                            "GELU"] + ([] if "head" in chosen else ["head"]) \
+        if precision != "fp16" else list(options.fp16_keep_fp32)
     recipe["nodes"] = len(out.graph.node)
     return QuantResult(write_bytes_atomic(dst, out.SerializeToString()), precision, recipe)
 
@@ -139,15 +146,48 @@ def _clean(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def _gemm_to_matmul(model: onnx.ModelProto, name: str) -> None:
+    """Rewrite Gemm(A, W, b, transB) as MatMul(A, W') + b, keeping the node's name on the
+    MatMul (the quantisers handle MatMul with a constant weight)."""
+    from onnx import numpy_helper
+
+    node = next(n for n in model.graph.node if n.name == name)
+    if node.op_type != "Gemm":
+        return
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    if attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0:
+        raise QuantizeError(f"cannot rewrite Gemm {name!r} with attributes {attrs}")
+    inits = {i.name: i for i in model.graph.initializer}
+    weight = numpy_helper.to_array(inits[node.input[1]])
+    if attrs.get("transB", 0):
+        weight = weight.T
+    w_name = f"{node.input[1]}_matmul"
+    model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(weight), w_name))
+    mid = f"{node.output[0]}_nobias"
+    matmul = onnx.helper.make_node("MatMul", [node.input[0], w_name],
+                                   [mid if len(node.input) > 2 else node.output[0]], name=name)
+    new = [matmul]
+    if len(node.input) > 2 and node.input[2]:
+        new.append(onnx.helper.make_node("Add", [mid, node.input[2]], [node.output[0]],
+                                         name=f"{name}_bias"))
+    index = list(model.graph.node).index(node)
+    model.graph.node.remove(node)
+    for offset, n in enumerate(new):
+        model.graph.node.insert(index + offset, n)
+    if not any(node.input[1] in n.input for n in model.graph.node):
+        model.graph.initializer.remove(inits[node.input[1]])
+
+
 def _int8_dynamic(src: Path, dst: Path, nodes: list[str], options: QuantOptions) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     if not nodes:
         raise ValueError("every linear layer is excluded: nothing to quantise")
-    quantize_dynamic(str(src), str(dst), op_types_to_quantize=["MatMul", "Gemm"],
-                     nodes_to_quantize=nodes, per_channel=options.per_channel,
-                     reduce_range=options.reduce_range, weight_type=QuantType.QInt8,
-                     extra_options={"MatMulConstBOnly": True})
+    with _quiet_quantizer():
+        quantize_dynamic(str(src), str(dst), op_types_to_quantize=["MatMul", "Gemm"],
+                         nodes_to_quantize=nodes, per_channel=options.per_channel,
+                         reduce_range=options.reduce_range, weight_type=QuantType.QInt8,
+                         extra_options={"MatMulConstBOnly": True})
 
 
 class _Reader:
@@ -156,6 +196,19 @@ class _Reader:
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         return next(self._it, None)
+
+
+@contextlib.contextmanager
+def _quiet_quantizer() -> Iterator[None]:
+    """ORT's quantiser logs advice on the root logger ('consider pre-processing'): the
+    graph is already shape-inferred and simplified by the export."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
 
 
 def _int8_static(src: Path, dst: Path, nodes: list[str], options: QuantOptions,
@@ -169,14 +222,13 @@ def _int8_static(src: Path, dst: Path, nodes: list[str], options: QuantOptions,
     extra: dict[str, Any] = {"MatMulConstBOnly": True}
     if options.calibration == "percentile":
         extra["CalibPercentile"] = options.percentile
-    with tempfile.TemporaryDirectory() as tmp:  # the calibrator writes an augmented model
+    with _quiet_quantizer():
         quantize_static(str(src), str(dst), _Reader(calibration), quant_format=QuantFormat.QDQ,
                         op_types_to_quantize=["MatMul", "Gemm"], nodes_to_quantize=nodes,
                         per_channel=options.per_channel, reduce_range=options.reduce_range,
                         activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
                         calibrate_method=method, extra_options=extra,
                         calibration_providers=["CPUExecutionProvider"])
-        del tmp
 
 
 def _int4(model: onnx.ModelProto, dst: Path, nodes: list[str], options: QuantOptions) -> None:
@@ -186,6 +238,7 @@ def _int4(model: onnx.ModelProto, dst: Path, nodes: list[str], options: QuantOpt
         raise ValueError("every linear layer is excluded: nothing to quantise")
     # nodes_to_include does not restrict (it is OR-ed with the op type), so exclude instead
     others = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in nodes]
+    # (a Gemm head is not a MatMul: MatMulNBits leaves it float)
     quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=options.block_size,
                                      is_symmetric=True, accuracy_level=4, nodes_to_exclude=others,
                                      op_types_to_quantize=("MatMul",))
