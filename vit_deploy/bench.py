@@ -43,6 +43,10 @@ class BenchOptions:
     sessions: int = 2  # fresh sessions per case, used in turn
     baseline_torch: bool = False
     fallback: bool = False  # allow a provider to fall back (reported), else unavailable
+    # Idle sessions' spinning threads steal the cores from the session being timed when
+    # several are interleaved (measured: int8 ViT-B/16 140 ms interleaved with spinning,
+    # 68 ms without); None: off when more than one session is live, else ORT's default.
+    spinning: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("warmup", "runs", "sessions"):
@@ -176,7 +180,8 @@ def run_bench(bundle: str | Path, options: BenchOptions = BenchOptions(),
                 case.ratio_to_torch = case.stats()["p50_ms"] / base.stats()["p50_ms"]
             cases.append(case)
         del runners, live
-    opts = asdict(options) | {"providers_resolved": [short_name(p) for p in providers]}
+    opts = asdict(options) | {"providers_resolved": [short_name(p) for p in providers],
+                              "ort_spinning": _spinning(options)}
     return BenchReport(str(bundle), environment(), opts, cases)
 
 
@@ -191,7 +196,8 @@ def _ort_runner(bundle: Path, provider: str, precision: str, x: np.ndarray, hw, 
         for _ in range(options.sessions):
             t0 = time.perf_counter()
             s = ViTSession(bundle, provider=provider, precision=precision, fallback=options.fallback,
-                           options=RuntimeOptions(threads=threads, verify=False))
+                           options=RuntimeOptions(threads=threads, verify=False,
+                                                  spinning=_spinning(options)))
             s.run(x)
             case.cold_start_ms = case.cold_start_ms or (time.perf_counter() - t0) * 1000
             case.provider = short_name(s.providers[0])
@@ -207,6 +213,13 @@ def _ort_runner(bundle: Path, provider: str, precision: str, x: np.ndarray, hw, 
     if gpu0 is not None and gpu1 is not None:
         case.gpu_memory_mb = (gpu1 - gpu0) / options.sessions
     return case, fns
+
+
+def _spinning(options: BenchOptions) -> bool | None:
+    if options.spinning is not None:
+        return options.spinning
+    live = options.sessions * len(options.providers) * len(options.precisions)
+    return False if live + options.baseline_torch > 1 else None
 
 
 def _torch_runner(bundle: Path, x: np.ndarray, batch: int, hw, threads,

@@ -224,7 +224,7 @@ def _run_precisions(bundle: Path, precisions: tuple[str, ...], *, calib: str | N
     fp32_size = manifest["files"][manifest["models"]["fp32"]]["size"]
     for r in results:
         acc = r.accuracy
-        table.add_row(r.precision, r.file, f"{_size(r.size)} ({r.size / fp32_size:.0%})",
+        table.add_row(r.precision, r.file, f"{_size(r.size)} ({r.size / fp32_size:.1%})",
                       f"{min(c.cosine for c in r.parity.cases):.5f}",
                       f"{max(c.max_abs for c in r.parity.cases):.2e}",
                       f"{acc['top1']}% (fp32 {acc['fp32_top1']}%)" if acc else "-",
@@ -309,6 +309,9 @@ def _batch(v: str) -> int:
               show_default=True, help="Add a PyTorch eager fp32 row, interleaved with the rest.")
 @click.option("--fallback", is_flag=True, help="Let providers fall back (reported) instead of "
               "being listed as unavailable.")
+@click.option("--spinning", type=click.Choice(["auto", "on", "off"]), default="auto",
+              show_default=True, help="ORT idle-thread spinning; auto: off when several "
+              "sessions are interleaved (idle spinners steal the cores).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--csv", "csv_out", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--compare", "compare", type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -316,7 +319,7 @@ def _batch(v: str) -> int:
 def bench(bundle: Path | None, providers: str, precisions: tuple[str, ...],
           resolutions: tuple[tuple[int, int], ...] | None, batches: tuple[int, ...],
           threads: tuple[int | None, ...], warmup: int, runs: int, seconds: float | None,
-          sessions: int, baseline: str, fallback: bool, json_out: Path | None,
+          sessions: int, baseline: str, fallback: bool, spinning: str, json_out: Path | None,
           csv_out: Path | None, compare: tuple[Path, ...]) -> None:
     """Measure latency, throughput, cold start and memory per provider and precision.
 
@@ -344,7 +347,8 @@ def bench(bundle: Path | None, providers: str, precisions: tuple[str, ...],
                                precisions=precisions, resolutions=resolutions or (),
                                batches=batches, threads=threads, warmup=warmup, runs=runs,
                                seconds=seconds, sessions=sessions,
-                               baseline_torch=baseline == "torch", fallback=fallback)
+                               baseline_torch=baseline == "torch", fallback=fallback,
+                               spinning={"auto": None, "on": True, "off": False}[spinning])
         with Progress(console=console, transient=True) as bar:
             task = bar.add_task("benchmarking", total=None)
             report = run_bench(bundle, options,
@@ -354,7 +358,9 @@ def bench(bundle: Path | None, providers: str, precisions: tuple[str, ...],
     env = report.environment
     console.print(f"{env.get('cpu')} ({env.get('cores')} cores; {', '.join(env.get('cpu_flags', []))})"
                   f"; GPU: {env.get('gpu') or 'none'}; onnxruntime {env['onnxruntime']}, "
-                  f"torch {env.get('torch')}")
+                  f"torch {env.get('torch')}; {options.sessions} session(s) per case, "
+                  f"interleaved; ORT spinning "
+                  f"{ {None: 'default', True: 'on', False: 'off'}[report.options['ort_spinning']] }")
     table = Table(*TABLE_HEADER)
     for row in format_table(report):
         table.add_row(*row)

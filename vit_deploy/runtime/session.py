@@ -47,6 +47,7 @@ class RuntimeOptions:
     device_id: int = 0
     verify: bool = True  # check the bundle files' sha256 against the manifest
     reject_nonfinite: bool = False  # NaN / Inf in an input is an InputError
+    spinning: bool | None = None  # intra-op threads spin while idle; None: ORT's default (on)
 
     def __post_init__(self) -> None:
         if self.optimization not in OPTIMIZATION_LEVELS:
@@ -270,6 +271,9 @@ def _session_options(options: RuntimeOptions) -> ort.SessionOptions:
     if options.threads is not None:
         so.intra_op_num_threads = options.threads
     so.graph_optimization_level = OPTIMIZATION_LEVELS[options.optimization]
+    if options.spinning is not None:
+        so.add_session_config_entry("session.intra_op.allow_spinning",
+                                    "1" if options.spinning else "0")
     return so
 
 
