@@ -181,6 +181,7 @@ def run_bench(bundle: str | Path, options: BenchOptions = BenchOptions(),
             cases.append(case)
         del runners, live
     opts = asdict(options) | {"providers_resolved": [short_name(p) for p in providers],
+                              "patch_size": cfg["patch_size"],
                               "ort_spinning": _spinning(options)}
     return BenchReport(str(bundle), environment(), opts, cases)
 
@@ -203,6 +204,8 @@ def _ort_runner(bundle: Path, provider: str, precision: str, x: np.ndarray, hw, 
             case.provider = short_name(s.providers[0])
             if s.fallback_reason:
                 case.status = f"fell back: {s.fallback_reason}"
+            elif s.split_batches and batch > 1:
+                case.status = "ok: run image by image (dynamic int8 couples a batch)"
             fns.append(lambda s=s: s.run(x))
     except Exception as e:  # a provider that cannot run here is reported, not skipped
         case.status = f"unavailable: {str(e).splitlines()[0]}"
@@ -342,6 +345,70 @@ def format_table(report: BenchReport) -> list[list[str]]:
 
 TABLE_HEADER = ["asked", "ran on", "precision", "res", "batch", "threads", "p50 ms", "p90 ms",
                 "p99 ms", "img/s", "× torch", "session p50s", "status"]
+
+
+def within_budget(report: BenchReport, budget_ms: float) -> list[dict[str, Any]]:
+    """Per (provider that ran, precision): the largest resolution whose p90 at batch 1 stays
+    under the budget. The user's real question: what fits my latency budget here?"""
+    best: dict[tuple[str, str], CaseResult] = {}
+    for c in report.cases:
+        s = c.stats()
+        if c.batch != 1 or not s or s["p90_ms"] > budget_ms:
+            continue
+        key = (c.provider, c.precision)
+        area = c.resolution[0] * c.resolution[1]
+        if key not in best or area > best[key].resolution[0] * best[key].resolution[1]:
+            best[key] = c
+    out = []
+    for (provider, precision) in dict.fromkeys((c.provider, c.precision) for c in report.cases
+                                               if c.stats()):
+        c = best.get((provider, precision))
+        out.append({"provider": provider, "precision": precision, "budget_ms": budget_ms,
+                    "resolution": list(c.resolution) if c else None,
+                    "p90_ms": c.stats()["p90_ms"] if c else None})
+    return out
+
+
+def plot(report: BenchReport, path: str | Path) -> Path:
+    """Latency (p50) against token count, one line per provider / precision / batch (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from vit_deploy.atomic import write_bytes_atomic
+
+    patch = report.options.get("patch_size") or 1
+    series: dict[tuple[str, str, int], list[tuple[int, float, str]]] = {}
+    for c in report.cases:
+        s = c.stats()
+        if not s:
+            continue
+        tokens = (c.resolution[0] // patch) * (c.resolution[1] // patch)
+        series.setdefault((c.provider, c.precision, c.batch), []).append(
+            (tokens, s["p50_ms"], f"{c.resolution[0]}x{c.resolution[1]}"))
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    for (provider, precision, batch), points in sorted(series.items()):
+        points.sort()
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
+                label=f"{provider} {precision} b{batch}")
+        for t, ms, label in points:
+            ax.annotate(label, (t, ms), fontsize=6, alpha=0.6, xytext=(3, 3),
+                        textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("patch tokens (H/P × W/P)")
+    ax.set_ylabel("latency p50 (ms)")
+    env = report.environment
+    ax.set_title(f"{Path(report.bundle).name}: {env.get('cpu')}, {env.get('cores')} cores"
+                 + (f", {env['gpu']}" if env.get("gpu") else ""), fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return write_bytes_atomic(path, buf.getvalue())
 
 
 def status_notes(report: BenchReport) -> list[str]:

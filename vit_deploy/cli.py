@@ -314,13 +314,18 @@ def _batch(v: str) -> int:
               "sessions are interleaved (idle spinners steal the cores).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--csv", "csv_out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="PNG: latency against resolution per provider and precision (matplotlib).")
+@click.option("--budget-ms", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Say the largest resolution whose p90 at batch 1 stays under this.")
 @click.option("--compare", "compare", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               multiple=True, help="Show saved JSON reports side by side (no bundle needed).")
 def bench(bundle: Path | None, providers: str, precisions: tuple[str, ...],
           resolutions: tuple[tuple[int, int], ...] | None, batches: tuple[int, ...],
           threads: tuple[int | None, ...], warmup: int, runs: int, seconds: float | None,
           sessions: int, baseline: str, fallback: bool, spinning: str, json_out: Path | None,
-          csv_out: Path | None, compare: tuple[Path, ...]) -> None:
+          csv_out: Path | None, plot_out: Path | None, budget_ms: float | None,
+          compare: tuple[Path, ...]) -> None:
     """Measure latency, throughput, cold start and memory per provider and precision.
 
     Cases run in one process, interleaved run by run, over several sessions each.
@@ -329,8 +334,8 @@ def bench(bundle: Path | None, providers: str, precisions: tuple[str, ...],
     from rich.progress import Progress
 
     from vit_deploy.atomic import write_bytes_atomic
-    from vit_deploy.bench import (TABLE_HEADER, BenchOptions, format_table, load_reports,
-                                  run_bench, status_notes)
+    from vit_deploy.bench import (TABLE_HEADER, BenchOptions, format_table, load_reports, plot,
+                                  run_bench, status_notes, within_budget)
     from vit_deploy.runtime.manifest import BundleError
 
     console = _console()
@@ -365,12 +370,84 @@ def bench(bundle: Path | None, providers: str, precisions: tuple[str, ...],
     for row in format_table(report):
         table.add_row(*row)
     console.print(table)
-    if json_out:
-        write_bytes_atomic(json_out, report.to_json().encode())
-    if csv_out:
-        write_bytes_atomic(csv_out, report.to_csv().encode())
     for note in status_notes(report):
         console.print(note)
+    data = report.to_dict()
+    if budget_ms is not None:
+        data["budget"] = within_budget(report, budget_ms)
+        for b in data["budget"]:
+            fits = (f"up to {format_resolution(tuple(b['resolution']))} (p90 {b['p90_ms']:.1f} ms)"
+                    if b["resolution"] else "no measured resolution")
+            console.print(f"within {budget_ms:g} ms p90 at batch 1 on {b['provider']} "
+                          f"{b['precision']}: {fits}")
+    if json_out:
+        write_bytes_atomic(json_out, json.dumps(data, indent=2).encode())
+    if csv_out:
+        write_bytes_atomic(csv_out, report.to_csv().encode())
+    if plot_out:
+        try:
+            plot(report, plot_out)
+        except ImportError:
+            raise click.UsageError("--plot needs matplotlib: pip install 'vit-deploy[plot]'") \
+                from None
+        console.print(f"plot: {plot_out}")
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--providers", default="cpu", show_default=True,
+              help="Comma-separated providers (cpu, cuda, tensorrt, ...).")
+@click.option("--precision", "precisions", type=PrecisionList(), default=None,
+              help="Precisions to check (default: every one in the bundle).")
+@click.option("--res", "resolutions", default=None, callback=_csv_list(parse_resolution),
+              help="Comma-separated resolutions (default: the deploy and native sizes).")
+@click.option("--batch", "batches", default="1,4", callback=_csv_list(_batch), show_default=True)
+@click.option("--require", is_flag=True, help="A provider that is not available is a failure.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("--markdown", "md_out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def check(bundle: Path, providers: str, precisions: tuple[str, ...] | None,
+          resolutions: tuple[tuple[int, int], ...] | None, batches: tuple[int, ...],
+          require: bool, json_out: Path | None, md_out: Path | None) -> None:
+    """Check a bundle against PyTorch on every provider × precision × size × batch.
+
+    Also batch independence and determinism per provider and precision. Exits 1 if
+    any case fails (or, with --require, if a provider is not available here).
+    """
+    from vit_deploy.atomic import write_bytes_atomic
+    from vit_deploy.check import CheckOptions, run_check
+    from vit_deploy.runtime.manifest import BundleError
+
+    console = _console()
+    try:
+        options = CheckOptions(providers=tuple(p for p in providers.split(",") if p.strip()),
+                               precisions=precisions or (), resolutions=resolutions or (),
+                               batches=batches, require=require)
+        with console.status("checking") as status:
+            report = run_check(bundle, options,
+                               progress=lambda what: status.update(f"checking {what}"))
+    except (BundleError, ValueError, ImportError) as e:
+        raise click.UsageError(str(e)) from None
+    table = Table("case", "asked → ran on", "precision", "max|Δ|", "max rel Δ", "cosine",
+                  "top-1", "CPU-fallback nodes", "result",
+                  title=f"{bundle} vs {report.reference}", title_justify="left")
+    for c in report.parity.cases:
+        table.add_row(c.label, c.provider, c.precision, f"{c.max_abs:.2e}", f"{c.max_rel:.2e}",
+                      f"{c.cosine:.6f}", f"{c.top1_agree:.0%}", str(c.fallback_nodes),
+                      "ok" if c.passed else "[red]FAIL[/]")
+    for k in report.parity.checks:
+        table.add_row(k.name, k.subject.split(":")[0], k.subject.split(":")[1], f"{k.value:.2e}",
+                      f"limit {k.limit:.1e}", "", "", "", "ok" if k.passed else "[red]FAIL[/]")
+    console.print(table)
+    for provider, why in report.unavailable.items():
+        console.print(f"{provider}: not available here{' (required)' if require else ''}: {why}")
+    if json_out:
+        write_bytes_atomic(json_out, report.to_json().encode())
+    if md_out:
+        write_bytes_atomic(md_out, report.to_markdown().encode())
+    failures = len(report.parity.failures) + (len(report.unavailable) if require else 0)
+    console.print(f"check: {'PASS' if report else f'FAIL ({failures} failing)'}")
+    if not report:
+        sys.exit(1)
 
 
 def _print_compare(console: Console, reports: list[dict[str, Any]], names: list[str]) -> None:

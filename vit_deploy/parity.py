@@ -33,6 +33,7 @@ class ParityCase:
     abs_tol: float | None  # None where the policy has no absolute bound (quantised models)
     cosine_min: float
     passed: bool
+    fallback_nodes: int = 0  # nodes ORT placed on CPU while another provider was asked for
 
     @property
     def label(self) -> str:
@@ -130,6 +131,17 @@ def sample_inputs(resolution: tuple[int, int], batch: int, *, channels: int = 3,
     """Deterministic normalised-pixel-like inputs, (B, C, H, W) float32."""
     rng = np.random.default_rng([seed, resolution[0], resolution[1], batch])
     return rng.standard_normal((batch, channels, *resolution), dtype=np.float32)
+
+
+def determinism(forward: Forward, resolution: tuple[int, int], *, subject: str, batch: int = 2,
+                channels: int = 3) -> Check:
+    """The same input twice gives the same output."""
+    x = sample_inputs(resolution, batch, channels=channels, seed=2)
+    a, b = forward(x), forward(x.copy())
+    moved = float(np.abs(a - b).max())
+    limit = INDEPENDENCE_ABS_TOL * max(1.0, float(np.abs(a).max()))
+    return Check(name="determinism", subject=subject, passed=moved <= limit, value=moved,
+                 limit=limit, detail=f"{format_resolution(resolution)} b{batch}, run twice")
 
 
 def batch_independence(forward: Forward, resolution: tuple[int, int], *, subject: str,

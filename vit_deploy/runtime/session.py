@@ -48,6 +48,10 @@ class RuntimeOptions:
     verify: bool = True  # check the bundle files' sha256 against the manifest
     reject_nonfinite: bool = False  # NaN / Inf in an input is an InputError
     spinning: bool | None = None  # intra-op threads spin while idle; None: ORT's default (on)
+    # Dynamic int8 computes one activation scale per tensor, i.e. over the whole batch, so
+    # an image's output would depend on its batch-mates. None: run such models one image
+    # at a time (outputs independent of batching); False: batch anyway.
+    split_batches: bool | None = None
 
     def __post_init__(self) -> None:
         if self.optimization not in OPTIMIZATION_LEVELS:
@@ -116,6 +120,9 @@ class ViTSession:
         self.input_shape = list(inp.shape)  # symbolic dims are strings
         self.output_names = [o.name for o in self._session.get_outputs()]
         self.labels: list[str] | None = (self.manifest or {}).get("labels")
+        self.batch_coupled = _couples_batch(self.model_path)
+        self.split_batches = (self.batch_coupled if options.split_batches is None
+                              else options.split_batches)
         self._placement: dict[str, list[str]] | None = None
 
     # -- running ---------------------------------------------------------------------
@@ -135,6 +142,12 @@ class ViTSession:
         """All outputs by name."""
         x = self.check_input(pixel_values)
         session = self._live()
+        if self.split_batches and len(x) > 1:
+            parts = [self._run_checked(session, x[i:i + 1]) for i in range(len(x))]
+            return {name: np.concatenate([p[name] for p in parts]) for name in self.output_names}
+        return self._run_checked(session, x)
+
+    def _run_checked(self, session: ort.InferenceSession, x: np.ndarray) -> dict[str, np.ndarray]:
         if self.options.io_binding:
             return dict(zip(self.output_names, self._run_bound(session, x)))
         return dict(zip(self.output_names, session.run(None, {self.input_name: x})))
@@ -227,6 +240,7 @@ class ViTSession:
                 "requested": [short_name(p.name) for p in self.requested],
                 "active": [short_name(p) for p in self.providers],
                 "fallback": self.fallback_reason, "input": [self.input_name, self.input_shape],
+                "batch_coupled": self.batch_coupled, "split_batches": self.split_batches,
                 "outputs": self.output_names}
 
     # -- lifecycle -------------------------------------------------------------------
@@ -248,6 +262,18 @@ class ViTSession:
     def __repr__(self) -> str:
         return (f"ViTSession({str(self.model_path)!r}, precision={self.precision!r}, "
                 f"providers={[short_name(p) for p in self.providers]})")
+
+
+def _couples_batch(path: Path) -> bool:
+    """Does the graph quantise activations per tensor at run time (batch-coupled)?"""
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # ORT already loaded it; an unreadable file here is not our question
+        return False
+    return any(n.op_type in ("DynamicQuantizeLinear", "DynamicQuantizeMatMul")
+               for n in model.graph.node)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
