@@ -180,10 +180,11 @@ def run_bench(bundle: str | Path, options: BenchOptions = BenchOptions(),
                 case.ratio_to_torch = case.stats()["p50_ms"] / base.stats()["p50_ms"]
             cases.append(case)
         del runners, live
+    env = environment() | {"peak_rss_mb": round(rss_mb(peak=True), 1)}
     opts = asdict(options) | {"providers_resolved": [short_name(p) for p in providers],
                               "patch_size": cfg["patch_size"],
                               "ort_spinning": _spinning(options)}
-    return BenchReport(str(bundle), environment(), opts, cases)
+    return BenchReport(str(bundle), env, opts, cases)
 
 
 def _ort_runner(bundle: Path, provider: str, precision: str, x: np.ndarray, hw, batch, threads,
@@ -254,25 +255,14 @@ def _torch_runner(bundle: Path, x: np.ndarray, batch: int, hw, threads,
     return case, [run]
 
 
-def rss_mb() -> float:
-    """Current resident set size of this process (Linux /proc; elsewhere ru_maxrss)."""
+def rss_mb(*, peak: bool = False) -> float:
+    """Resident set size of this process now (or its peak), in MB (Linux /proc; elsewhere
+    the peak from getrusage)."""
+    key = "VmHWM:" if peak else "VmRSS:"
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def peak_rss_mb() -> float:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(key):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
@@ -331,7 +321,8 @@ def format_table(report: BenchReport) -> list[list[str]]:
         status = c.status.split(":")[0] + (" (see below)" if ":" in c.status else "")
         if not s:
             rows.append([c.requested, c.provider, c.precision, res, str(c.batch),
-                         str(c.threads or "default"), "-", "-", "-", "-", "-", "-", status])
+                         str(c.threads or "default"), "-", "-", "-", "-", "-", "-", "-", "-",
+                         status])
             continue
         spread = (f"{min(c.session_medians_ms):.1f}-{max(c.session_medians_ms):.1f}"
                   if c.session_medians_ms else "-")
@@ -339,12 +330,14 @@ def format_table(report: BenchReport) -> list[list[str]]:
                      str(c.threads or "default"), f"{s['p50_ms']:.2f}", f"{s['p90_ms']:.2f}",
                      f"{s['p99_ms']:.2f}", f"{s['images_per_s']:.1f}",
                      "-" if c.ratio_to_torch is None else f"{c.ratio_to_torch:.2f}", spread,
+                     f"{c.cold_start_ms:.0f}", f"{c.memory_mb:.0f}"
+                     + (f" / GPU {c.gpu_memory_mb:.0f}" if c.gpu_memory_mb is not None else ""),
                      status])
     return rows
 
 
 TABLE_HEADER = ["asked", "ran on", "precision", "res", "batch", "threads", "p50 ms", "p90 ms",
-                "p99 ms", "img/s", "× torch", "session p50s", "status"]
+                "p99 ms", "img/s", "× torch", "session p50s", "cold ms", "mem MB", "status"]
 
 
 def within_budget(report: BenchReport, budget_ms: float) -> list[dict[str, Any]]:
