@@ -81,7 +81,23 @@ def _console() -> Console:
     return console
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Main(click.Group):
+    """Environment failures (disk full, read-only output, ORT refusing a file) end with a
+    one-line message and exit code 1, never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except OSError as e:
+            raise click.ClickException(f"{e.strerror or e}"
+                                       + (f": {e.filename}" if e.filename else "")) from None
+        except Exception as e:
+            if type(e).__module__.startswith("onnxruntime"):
+                raise click.ClickException(f"onnxruntime: {str(e).splitlines()[0]}") from None
+            raise
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="vit-deploy")
 def main() -> None:
     """Take a Vision Transformer from PyTorch to ONNX Runtime, with proof it still matches."""
@@ -116,7 +132,8 @@ def main() -> None:
 @click.option("--precision", "precisions", type=PrecisionList(), default="fp32",
               show_default=True, help="Precisions to add after the fp32 export (see quantize).")
 @_quant_options
-@click.option("--force", is_flag=True, help="Replace --out even if it is not a bundle.")
+@click.option("--force", is_flag=True, help="Replace --out even if it is not a bundle, and try "
+              "resolutions whose memory estimate exceeds what is available.")
 def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | None,
            native_res: tuple[int, int] | None, checkpoint: Path | None, pos_embed: str, pool: str,
            num_classes: int | None, static: bool, no_simplify: bool, features: bool, opset: int,
@@ -135,7 +152,7 @@ def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | N
     from vit_deploy.export.onnx import ExportError
     from vit_deploy.model import build_model
     from vit_deploy.parity import ParityError
-    from vit_deploy.sizes import check_input_size
+    from vit_deploy.sizes import check_input_size, check_memory
 
     try:
         size, variant_patch = parse_variant(variant_name)
@@ -160,6 +177,9 @@ def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | N
     resolution = resolution or cfg.img_size
     try:
         check_input_size(*resolution, cfg.patch_size)
+        if not force:  # parity runs batch 3 at the requested size, in PyTorch and ORT
+            check_memory(*resolution, patch=cfg.patch_size, heads=cfg.heads,
+                         width_dim=cfg.width, batch=3, prefix=cfg.num_prefix_tokens)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--res") from None
     labels = _read_labels(labels_file, cfg.num_classes) if labels_file else None
@@ -182,7 +202,7 @@ def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | N
         console.print(f"[red]export failed: parity did not hold; nothing written to {out}[/]")
         sys.exit(1)
     except (ExportError, OSError) as e:
-        console.print(f"[red]export failed: {e}[/]")
+        console.print(f"[red]export failed: {e}; nothing written to {out}[/]")
         sys.exit(1)
     console.print(str(result.report))
     for note in result.notes:
@@ -584,41 +604,53 @@ def _read_labels(path: Path, num_classes: int) -> list[str]:
     return labels
 
 
+def _obj(d: Any, key: str) -> dict[str, Any]:
+    """d[key] if it is an object, else {} (display code over optional manifest fields)."""
+    v = d.get(key) if isinstance(d, dict) else None
+    return v if isinstance(v, dict) else {}
+
+
 def _print_summary(console: Console, manifest: dict[str, Any], path: Path) -> None:
-    cfg, io, exp = manifest["config"], manifest["io"], manifest.get("export", {})
-    pre = manifest["preprocess"]
+    """Readable manifest. Required fields are validated by load_manifest; optional ones
+    (export, parity, precisions) are shown when they are well formed."""
+    cfg, io, pre, exp = manifest["config"], manifest["io"], manifest["preprocess"], _obj(
+        manifest, "export")
     inp = io["inputs"][0]
     console.print(f"bundle {path}: {cfg.get('name') or 'ViT'} width {cfg['width']} depth "
-                  f"{cfg['depth']} heads {cfg['heads']} patch {cfg['patch_size']}, native "
-                  f"{format_resolution(tuple(cfg['img_size']))}, {cfg['num_classes']} classes")
-    console.print(f"input {inp['name']} {inp['shape']} {inp['dtype']}"
+                  f"{cfg.get('depth', '?')} heads {cfg['heads']} patch {cfg['patch_size']}, "
+                  f"native {format_resolution(tuple(cfg['img_size']))}, {cfg['num_classes']} "
+                  f"classes")
+    console.print(f"input {inp['name']} {inp['shape']} {inp.get('dtype', '?')}"
                   + (f" ({io['dim_rule']})" if io.get("dim_rule") else " (static)")
                   + f"; outputs {[o['name'] for o in io['outputs']]}; preprocessing "
-                  f"{pre['resize']} to {format_resolution(tuple(pre['resolution']))}")
+                  f"{pre.get('resize', '?')} to {format_resolution(tuple(pre['resolution']))}")
     table = Table("file", "role", "size", "nodes", "sha256")
     for name, entry in manifest["files"].items():
-        role = entry.get("role", "")
-        prec = manifest.get("precisions", {}).get(role.removeprefix("model:"), {})
-        nodes = str(prec.get("recipe", {}).get("nodes") or (exp.get("nodes", "") if
-                                                            role == "model:fp32" else ""))
-        table.add_row(name, entry.get("role", ""), _size(entry["size"]), nodes,
-                      entry["sha256"][:12])
+        role = str(entry.get("role", ""))
+        recipe = _obj(_obj(_obj(manifest, "precisions"), role.removeprefix("model:")), "recipe")
+        nodes = recipe.get("nodes") or (exp.get("nodes", "") if role == "model:fp32" else "")
+        table.add_row(name, role, _size(entry["size"]), str(nodes), entry["sha256"][:12])
     console.print(table)
-    simp = exp.get("simplify", {})
+    simp = _obj(exp, "simplify")
     if simp.get("requested"):
         console.print(f"onnxsim: {simp.get('nodes_before')} -> {simp.get('nodes_after', '?')} "
                       f"nodes, {'kept' if simp.get('kept') else 'discarded'}")
-    parity = manifest.get("parity", {})
-    cases = parity.get("cases", [])
+    parity = _obj(manifest, "parity")
+    cases = [c for c in parity.get("cases", []) if isinstance(c, dict)] \
+        if isinstance(parity.get("cases"), list) else []
+    try:
+        worst = max(float(c["max_abs"]) for c in cases)
+        cos = min(float(c["cosine"]) for c in cases)
+        providers = sorted({str(c["provider"]) for c in cases})
+    except (KeyError, TypeError, ValueError):  # no cases, or not the shape we write
+        cases = []
     if cases:
-        worst = max(c["max_abs"] for c in cases)
-        cos = min(c["cosine"] for c in cases)
         console.print(f"parity: {'PASS' if parity.get('passed') else 'FAIL'} on "
-                      f"{len({c['provider'] for c in cases})} provider(s) "
-                      f"{sorted({c['provider'] for c in cases})}, {len(cases)} cases, worst "
+                      f"{len(providers)} provider(s) {providers}, {len(cases)} cases, worst "
                       f"max|Δ| {worst:.2e}, min cosine {cos:.7f}")
     if "total_s" in exp:
-        console.print(f"export took {exp['total_s']} s (torch.onnx.export {exp['export_s']} s)")
+        console.print(f"export took {exp['total_s']} s (torch.onnx.export "
+                      f"{exp.get('export_s', '?')} s)")
 
 
 def _res_label(hw: tuple[int, int]) -> str:

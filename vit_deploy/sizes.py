@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 _RES_RE = re.compile(r"^\s*(\d+)\s*(?:[xX×]\s*(\d+)\s*)?$")
@@ -49,3 +50,46 @@ def check_input_size(height: int, width: int, patch: int) -> None:
 def grid_of(height: int, width: int, patch: int) -> tuple[int, int]:
     check_input_size(height, width, patch)
     return height // patch, width // patch
+
+
+class MemoryEstimateError(ValueError):
+    """A resolution whose attention would not fit in this machine's memory."""
+
+
+def attention_bytes(height: int, width: int, *, patch: int, heads: int, width_dim: int,
+                    batch: int = 1, prefix: int = 1, dtype_bytes: int = 4) -> int:
+    """Peak working memory of one encoder block: the attention scores and their softmax
+    (2 × heads × T²) plus the block's activations (≈ 8 × T × D), per image."""
+    tokens = (height // patch) * (width // patch) + prefix
+    return batch * dtype_bytes * (2 * heads * tokens * tokens + 8 * tokens * width_dim)
+
+
+def available_memory() -> int | None:
+    """Bytes the OS says are available (Linux MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(height: int, width: int, *, patch: int, heads: int, width_dim: int,
+                 batch: int = 1, prefix: int = 1, fraction: float = 0.8) -> int:
+    """Refuse (MemoryEstimateError) a size whose estimate exceeds `fraction` of the
+    available memory; returns the estimate in bytes."""
+    need = attention_bytes(height, width, patch=patch, heads=heads, width_dim=width_dim,
+                           batch=batch, prefix=prefix)
+    have = available_memory()
+    if have is not None and need > fraction * have:
+        tokens = (height // patch) * (width // patch) + prefix
+        raise MemoryEstimateError(
+            f"{height}x{width} (batch {batch}) means {tokens} tokens: attention needs about "
+            f"{need / 2**30:.1f} GiB, and {have / 2**30:.1f} GiB are available; use a smaller "
+            f"size (or --force / allow_large=True to try anyway)")
+    return need

@@ -21,7 +21,7 @@ from vit_deploy.runtime.preprocess import ImageInput, Preprocess
 from vit_deploy.runtime.providers import (CPU, Provider, ProviderError, ProviderSpec, available,
                                           captured_stderr, failure_reason, parse_providers,
                                           short_name)
-from vit_deploy.sizes import check_input_size
+from vit_deploy.sizes import MemoryEstimateError, check_input_size, check_memory
 
 OPTIMIZATION_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -52,6 +52,7 @@ class RuntimeOptions:
     # an image's output would depend on its batch-mates. None: run such models one image
     # at a time (outputs independent of batching); False: batch anyway.
     split_batches: bool | None = None
+    allow_large: bool = False  # run sizes whose attention estimate exceeds available memory
 
     def __post_init__(self) -> None:
         if self.optimization not in OPTIMIZATION_LEVELS:
@@ -107,6 +108,7 @@ class ViTSession:
             raise FileNotFoundError(f"no bundle directory or .onnx file at {str(path)!r}")
         self.precision = precision
         self.requested = parse_providers(provider)
+        self.batch_coupled = _inspect_model(self.model_path, self.manifest)
         self._session, self.fallback_reason, self.cache_hit = _create_session(
             self.model_path, self.requested, options, fallback)
         self.providers: list[str] = self._session.get_providers()
@@ -120,7 +122,6 @@ class ViTSession:
         self.input_shape = list(inp.shape)  # symbolic dims are strings
         self.output_names = [o.name for o in self._session.get_outputs()]
         self.labels: list[str] | None = (self.manifest or {}).get("labels")
-        self.batch_coupled = _couples_batch(self.model_path)
         self.split_batches = (self.batch_coupled if options.split_batches is None
                               else options.split_batches)
         self._placement: dict[str, list[str]] | None = None
@@ -216,6 +217,14 @@ class ViTSession:
                 check_input_size(H, W, self.patch_size)
             except ValueError as e:
                 raise InputError(str(e)) from None
+        if self.patch_size and not self.options.allow_large and "heads" in self.config:
+            try:
+                check_memory(H, W, patch=self.patch_size, heads=self.config["heads"],
+                             width_dim=self.config.get("width", 0),
+                             batch=1 if self.split_batches else B,
+                             prefix=int(self.config.get("class_token", True)))
+            except MemoryEstimateError as e:
+                raise InputError(str(e)) from None
         x = np.ascontiguousarray(x, dtype=np.float32)
         if self.options.reject_nonfinite and not np.isfinite(x).all():
             raise InputError(f"input holds {int((~np.isfinite(x)).sum())} NaN/Inf values")
@@ -264,14 +273,32 @@ class ViTSession:
                 f"providers={[short_name(p) for p in self.providers]})")
 
 
-def _couples_batch(path: Path) -> bool:
-    """Does the graph quantise activations per tensor at run time (batch-coupled)?"""
+def _inspect_model(path: Path, manifest: dict[str, Any] | None) -> bool:
+    """Before ORT opens the file: refuse external data outside the model's directory (or,
+    in a bundle, not covered by the manifest's hashes). Returns whether the graph quantises
+    activations per tensor at run time (batch-coupled)."""
     import onnx
 
     try:
         model = onnx.load(str(path), load_external_data=False)
-    except Exception:  # ORT already loaded it; an unreadable file here is not our question
-        return False
+    except Exception as e:  # protobuf DecodeError and friends: a truncated or foreign file
+        raise BundleError(f"{str(path)!r} is not a readable ONNX model: "
+                          f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    root = path.parent.resolve()
+    listed = set((manifest or {}).get("files", {}))
+    tensors = list(model.graph.initializer) + [
+        a.t for n in model.graph.node for a in n.attribute if a.HasField("t")]
+    for tensor in tensors:
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        location = {e.key: e.value for e in tensor.external_data}.get("location", "")
+        target = (root / location).resolve()
+        if root not in target.parents:
+            raise BundleError(f"{str(path)!r}: tensor {tensor.name!r} points to external data "
+                              f"{location!r}, outside the model's directory; refused")
+        if manifest is not None and target.relative_to(root).as_posix() not in listed:
+            raise BundleError(f"{str(path)!r}: external data {location!r} is not listed (and "
+                              f"hashed) in the manifest; refused")
     return any(n.op_type in ("DynamicQuantizeLinear", "DynamicQuantizeMatMul")
                for n in model.graph.node)
 
