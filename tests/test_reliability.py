@@ -176,7 +176,7 @@ def test_one_session_8_threads_1000_runs(tiny_bundle):
         expected = [s.run(x) for x in inputs]
         with ThreadPoolExecutor(8) as pool:
             # warm up: ORT's arena at every shape, and each thread's malloc arena
-            list(pool.map(lambda i: s.run(inputs[i % 25]), range(200)))
+            list(pool.map(lambda i: s.run(inputs[i % 25]), range(1000)))
             rss0 = _rss_mb()
             outs = list(pool.map(lambda i: (i % 25, s.run(inputs[i % 25])), range(1000)))
             rss1 = _rss_mb()
