@@ -113,9 +113,14 @@ def main() -> None:
                    "resizes to it. Default: the native resolution.")
 @click.option("--native-res", type=RESOLUTION, default=None,
               help="Native resolution of a newly built model (its position table). Default 224.")
-@click.option("--checkpoint", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Weights: a vit-deploy .safetensors (carries its config) or a state dict "
-                   "in this layout. Default: random weights (seeded).")
+@click.option("--checkpoint", type=click.Path(path_type=Path), default=None,
+              help="Weights: a vit-deploy .safetensors (carries its config), a timm state dict "
+                   "(.safetensors / .pth / .bin), or a Hugging Face directory (ViT, DeiT, "
+                   "DINOv2, DINOv2 with registers). Default: random weights (seeded).")
+@click.option("--from", "source", type=click.Choice(["auto", "vit-deploy", "timm", "hf"]),
+              default="auto", show_default=True, help="Checkpoint format.")
+@click.option("--heads", type=click.IntRange(min=1), default=None,
+              help="Attention heads of a timm checkpoint of non-standard width.")
 @click.option("--pos-embed", type=click.Choice(POS_EMBED_KINDS), default="learned", show_default=True)
 @click.option("--pool", type=click.Choice(POOLS), default="cls", show_default=True)
 @click.option("--num-classes", type=click.IntRange(min=1), default=None,
@@ -135,7 +140,8 @@ def main() -> None:
 @click.option("--force", is_flag=True, help="Replace --out even if it is not a bundle, and try "
               "resolutions whose memory estimate exceeds what is available.")
 def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | None,
-           native_res: tuple[int, int] | None, checkpoint: Path | None, pos_embed: str, pool: str,
+           native_res: tuple[int, int] | None, checkpoint: Path | None, source: str,
+           heads: int | None, pos_embed: str, pool: str,
            num_classes: int | None, static: bool, no_simplify: bool, features: bool, opset: int,
            seed: int, out: Path | None, labels_file: Path | None, precisions: tuple[str, ...],
            calib: str | None, calib_method: str, calib_samples: int, block_size: int,
@@ -146,7 +152,8 @@ def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | N
     a failing case fails the export and leaves nothing behind.
     """
     from vit_deploy.atomic import OutputExistsError, check_destination
-    from vit_deploy.checkpoints import CheckpointError, load_model
+    from vit_deploy.checkpoints import CheckpointError
+    from vit_deploy.formats import load_any
     from vit_deploy.config import parse_variant, variant
     from vit_deploy.export.bundle import ExportOptions, export_bundle
     from vit_deploy.export.onnx import ExportError
@@ -170,7 +177,10 @@ def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | N
     except ValueError as e:
         raise click.UsageError(f"invalid model settings: {e}") from None
     try:
-        model = load_model(checkpoint, cfg) if checkpoint else build_model(cfg, seed=seed)
+        if checkpoint:
+            model, fmt = load_any(checkpoint, source=source, heads=heads, fallback_cfg=cfg)
+        else:
+            model, fmt = build_model(cfg, seed=seed), None
     except CheckpointError as e:
         raise click.BadParameter(str(e), param_hint="--checkpoint") from None
     cfg = model.cfg
@@ -190,6 +200,8 @@ def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | N
         raise click.BadParameter(str(e), param_hint="--out") from None
 
     console = _console()
+    if fmt:
+        console.print(f"checkpoint {checkpoint}: {fmt} format")
     console.print(f"exporting {cfg.name or size} ({_params(model) / 1e6:.1f} M parameters, "
                   f"{cfg.pos_embed} positions, {cfg.pool} pooling) at "
                   f"{format_resolution(resolution)}, {'static' if static else 'dynamic'} -> {out}")

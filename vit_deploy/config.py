@@ -45,6 +45,12 @@ class ViTConfig:
     pos_embed: str = "learned"  # learned | factorized
     pool: str = "cls"  # cls | mean (mean averages the patch tokens only)
     class_token: bool = True
+    dist_token: bool = False  # DeiT's distillation token (a second prefix token)
+    dist_head: bool = True  # with dist_token: average the cls and distillation heads (DeiT)
+    num_registers: int = 0  # DINOv2 register tokens, after cls/dist, before the patches
+    pos_prefix_tokens: int | None = None  # prefix tokens with a position row; None: cls+dist
+    layer_scale: bool = False  # per-channel scale on each residual branch (DINOv2, DeiT-3)
+    fc_norm: bool = False  # final LayerNorm after pooling instead of on the tokens (timm avg)
     pos_interp: str = "bicubic"  # how the position table is resampled to another grid
     pos_antialias: bool = False  # timm: True; Hugging Face ViT: False
     mean: tuple[float, float, float] = IMAGENET_MEAN
@@ -64,8 +70,13 @@ class ViTConfig:
             (self.pool != "cls" or self.class_token,
              "pool='cls' needs class_token=True"),
             (self.patch_size >= 1, f"patch_size must be >= 1, got {self.patch_size}"),
-            (min(self.width, self.depth, self.heads, self.in_chans, self.num_classes) >= 1,
-             "width, depth, heads, in_chans and num_classes must all be >= 1"),
+            (min(self.width, self.depth, self.heads, self.in_chans) >= 1 and self.num_classes >= 0,
+             "width, depth, heads and in_chans must be >= 1, num_classes >= 0 (0: no head)"),
+            (self.num_registers >= 0, f"num_registers must be >= 0, got {self.num_registers}"),
+            (not self.dist_token or self.pool == "cls", "dist_token needs pool='cls'"),
+            (self.pos_prefix_tokens is None
+             or 0 <= self.pos_prefix_tokens <= self.num_prefix_tokens,
+             f"pos_prefix_tokens must be between 0 and {self.num_prefix_tokens}"),
             (self.width % self.heads == 0,
              f"width {self.width} is not divisible by heads {self.heads}"),
             (all(s % self.patch_size == 0 and s > 0 for s in self.img_size),
@@ -86,7 +97,15 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        return int(self.class_token)
+        """cls + dist + registers, in that order before the patch tokens."""
+        return int(self.class_token) + int(self.dist_token) + self.num_registers
+
+    @property
+    def num_pos_prefix(self) -> int:
+        """How many of the prefix tokens have a row in the position table."""
+        if self.pos_prefix_tokens is not None:
+            return self.pos_prefix_tokens
+        return int(self.class_token) + int(self.dist_token)
 
     @property
     def head_dim(self) -> int:

@@ -43,12 +43,13 @@ class PatchEmbed(nn.Module):
 
 
 class LearnedPosEmbed(nn.Module):
-    """One vector per native grid cell (+ one per prefix token), timm layout (1, T0, D)."""
+    """One vector per native grid cell (+ one per positioned prefix token), timm layout
+    (1, K + N0, D)."""
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
         self.grid = cfg.grid_size
-        self.prefix = cfg.num_prefix_tokens
+        self.prefix = cfg.num_pos_prefix
         n = self.grid[0] * self.grid[1]
         self.pos_embed = nn.Parameter(torch.randn(1, self.prefix + n, cfg.width) * 0.02)
         self.mode, self.antialias = cfg.pos_interp, cfg.pos_antialias
@@ -72,7 +73,7 @@ class FactorizedPosEmbed(nn.Module):
         gh, gw = cfg.grid_size
         self.pos_row = nn.Parameter(torch.randn(1, gh, cfg.width) * 0.02)
         self.pos_col = nn.Parameter(torch.randn(1, gw, cfg.width) * 0.02)
-        self.pos_prefix = nn.Parameter(torch.randn(1, cfg.num_prefix_tokens, cfg.width) * 0.02)
+        self.pos_prefix = nn.Parameter(torch.randn(1, cfg.num_pos_prefix, cfg.width) * 0.02)
         self.mode, self.antialias = cfg.pos_interp, cfg.pos_antialias
 
     def forward(self, grid_hw: tuple) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,19 +125,33 @@ class MLP(nn.Module):
         return self.fc2(self.act(self.fc1(x)))
 
 
+class LayerScale(nn.Module):
+    """Per-channel scale of a residual branch (CaiT / DeiT-3 / DINOv2), timm name `gamma`."""
+
+    def __init__(self, width: int, init: float = 1e-5):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((width,), init))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
 class Block(nn.Module):
-    """Pre-norm encoder block: x + MHA(LN(x)), then x + MLP(LN(x))."""
+    """Pre-norm encoder block: x + MHA(LN(x)), then x + MLP(LN(x)) (each branch optionally
+    layer-scaled)."""
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
         self.norm1 = nn.LayerNorm(cfg.width, eps=cfg.norm_eps)
         self.attn = Attention(cfg)
+        self.ls1 = LayerScale(cfg.width) if cfg.layer_scale else nn.Identity()
         self.norm2 = nn.LayerNorm(cfg.width, eps=cfg.norm_eps)
         self.mlp = MLP(cfg)
+        self.ls2 = LayerScale(cfg.width) if cfg.layer_scale else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+        x = x + self.ls1(self.attn(self.norm1(x)))
+        return x + self.ls2(self.mlp(self.norm2(x)))
 
 
 class ViT(nn.Module):
@@ -145,10 +160,17 @@ class ViT(nn.Module):
         self.cfg = cfg
         self.patch_embed = PatchEmbed(cfg)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.width)) if cfg.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, cfg.width)) if cfg.dist_token else None
+        self.reg_token = (nn.Parameter(torch.zeros(1, cfg.num_registers, cfg.width))
+                          if cfg.num_registers else None)
         self.pos = LearnedPosEmbed(cfg) if cfg.pos_embed == "learned" else FactorizedPosEmbed(cfg)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
-        self.norm = nn.LayerNorm(cfg.width, eps=cfg.norm_eps)
-        self.head = nn.Linear(cfg.width, cfg.num_classes)
+        norm = nn.LayerNorm(cfg.width, eps=cfg.norm_eps)
+        self.norm = nn.Identity() if cfg.fc_norm else norm
+        self.fc_norm = norm if cfg.fc_norm else nn.Identity()
+        self.head = nn.Linear(cfg.width, cfg.num_classes) if cfg.num_classes else nn.Identity()
+        self.head_dist = (nn.Linear(cfg.width, cfg.num_classes)
+                          if cfg.dist_token and cfg.dist_head and cfg.num_classes else None)
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -156,8 +178,9 @@ class ViT(nn.Module):
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
                 nn.init.zeros_(m.bias) if m.bias is not None else None
-        if self.cls_token is not None:
-            nn.init.normal_(self.cls_token, std=1e-6)
+        for token in (self.cls_token, self.dist_token, self.reg_token):
+            if token is not None:
+                nn.init.normal_(token, std=1e-6)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> normalised tokens (B, T, D)."""
@@ -168,9 +191,12 @@ class ViT(nn.Module):
         tokens = self.patch_embed(x)  # (B, N, D)
         pos_prefix, pos_cells = self.pos((H // P, W // P))  # (1, prefix, D), (1, N, D)
         tokens = tokens + pos_cells
-        if self.cls_token is not None:
-            cls = (self.cls_token + pos_prefix).expand(tokens.shape[0], -1, -1)  # (B, 1, D)
-            tokens = torch.cat([cls, tokens], dim=1)  # (B, T, D)
+        prefix = [t for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+        if prefix:
+            pre = torch.cat(prefix, dim=1)  # (1, prefix, D): cls, dist, registers
+            k = pos_prefix.shape[1]  # the first k of them have a position row
+            pre = torch.cat([pre[:, :k] + pos_prefix, pre[:, k:]], dim=1)
+            tokens = torch.cat([pre.expand(tokens.shape[0], -1, -1), tokens], dim=1)  # (B, T, D)
         for block in self.blocks:
             tokens = block(tokens)
         return self.norm(tokens)
@@ -181,7 +207,12 @@ class ViT(nn.Module):
             pooled = tokens[:, 0]  # (B, D)
         else:
             pooled = tokens[:, self.cfg.num_prefix_tokens:].mean(dim=1)  # (B, D)
-        return pooled if pre_logits else self.head(pooled)
+        pooled = self.fc_norm(pooled)
+        if pre_logits:
+            return pooled
+        if self.head_dist is not None:  # DeiT: mean of the class and distillation heads
+            return (self.head(pooled) + self.head_dist(self.fc_norm(tokens[:, 1]))) / 2
+        return self.head(pooled)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
@@ -207,8 +238,8 @@ class ViTWithFeatures(nn.Module):
         self.vit = vit
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        pooled = self.vit.forward_head(self.vit.forward_features(x), pre_logits=True)
-        return self.vit.head(pooled), pooled
+        tokens = self.vit.forward_features(x)
+        return self.vit.forward_head(tokens), self.vit.forward_head(tokens, pre_logits=True)
 
 
 def build_model(cfg: ViTConfig, *, seed: int | None = 0) -> ViT:

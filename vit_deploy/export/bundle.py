@@ -162,7 +162,9 @@ def build_manifest(model: ViT, root: Path, *, options: ExportOptions, resolution
     labels = list(options.labels) if options.labels else None
     h_dim, w_dim = (resolution if options.static else (HEIGHT_DIM, WIDTH_DIM))
     outputs = [{"name": LOGITS_NAME, "dtype": "float32", "shape": [BATCH_DIM, cfg.num_classes]}]
-    if options.features:
+    if not cfg.num_classes:  # a backbone without a head: its output is the pooled features
+        outputs = [{"name": FEATURES_NAME, "dtype": "float32", "shape": [BATCH_DIM, cfg.width]}]
+    elif options.features:
         outputs.append({"name": FEATURES_NAME, "dtype": "float32", "shape": [BATCH_DIM, cfg.width]})
     return {
         "format": BUNDLE_FORMAT,

@@ -55,8 +55,10 @@ def export_onnx(model: ViT, dst: str | Path, *, options: OnnxOptions = OnnxOptio
         example = torch.randn(TRACE_BATCH, cfg.in_chans, P * TRACE_GRID[0], P * TRACE_GRID[1])
         gh, gw = torch.export.Dim("gh", min=1), torch.export.Dim("gw", min=1)
         dynamic_shapes = {"x": {0: torch.export.Dim("batch", min=1), 2: P * gh, 3: P * gw}}
-    module: torch.nn.Module = ViTWithFeatures(model) if options.features else model
-    output_names = [LOGITS_NAME, FEATURES_NAME] if options.features else [LOGITS_NAME]
+    features = options.features and cfg.num_classes > 0  # without a head, logits are features
+    module: torch.nn.Module = ViTWithFeatures(model) if features else model
+    output_names = ([LOGITS_NAME, FEATURES_NAME] if features
+                    else [LOGITS_NAME] if cfg.num_classes else [FEATURES_NAME])
     try:
         with _quiet(), torch.no_grad():
             program = torch.onnx.export(

@@ -73,9 +73,11 @@ def validate(m: dict[str, Any], where: str = "manifest") -> None:
         if not isinstance(m[key], kind):
             raise _fail(where, key, "an object", m[key])
     cfg, pre, io, files = m["config"], m["preprocess"], m["io"], m["files"]
-    for key in ("patch_size", "in_chans", "heads", "width", "num_classes"):
+    for key in ("patch_size", "in_chans", "heads", "width"):
         if not _is_int(cfg.get(key), 1):
             raise _fail(where, f"config.{key}", "a positive integer", cfg.get(key))
+    if not _is_int(cfg.get("num_classes"), 0):
+        raise _fail(where, "config.num_classes", "an integer >= 0", cfg.get("num_classes"))
     res = pre.get("resolution")
     if not (isinstance(res, list) and len(res) == 2 and all(_is_int(v, 1) for v in res)):
         raise _fail(where, "preprocess.resolution", "[height, width] positive integers", res)
