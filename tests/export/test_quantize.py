@@ -186,3 +186,16 @@ def test_calibration_from_a_folder(fp32_bundle, tmp_path):
     assert r.exit_code == 0, r.output
     recipe = json.loads((bundle / MANIFEST_NAME).read_text())["precisions"]["int8-static"]["recipe"]
     assert recipe["calibration"] == "percentile" and recipe["calibration_images"] == 6
+
+
+def test_int8_gelu_fusion_is_exact(fp32_bundle, tmp_path):
+    fused = quantize_model(fp32_bundle / MODEL_FILE, tmp_path / "f.onnx", precision="int8")
+    plain = quantize_model(fp32_bundle / MODEL_FILE, tmp_path / "p.onnx", precision="int8",
+                           options=QuantOptions(fuse_gelu=False))
+    ops = [n.op_type for n in onnx.load(str(fused.path)).graph.node]
+    assert ops.count("Gelu") == 2 and "Erf" not in ops  # one per block
+    assert "Gelu" not in [n.op_type for n in onnx.load(str(plain.path)).graph.node]
+    assert fused.recipe["gelu"].startswith("2 GELU subgraphs")
+    x = sample_inputs((24, 40), 2)
+    with ViTSession(fused.path) as a, ViTSession(plain.path) as b:
+        np.testing.assert_array_equal(a.run(x), b.run(x))
