@@ -482,6 +482,73 @@ def check(bundle: Path, providers: str, precisions: tuple[str, ...] | None,
         sys.exit(1)
 
 
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="Model repository directory to write.")
+@click.option("--precision", default="fp32", show_default=True)
+@click.option("--name", default=None, help="Model name in the repository (default: bundle name).")
+@click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--instances", default="cpu:1", show_default=True, help="e.g. cpu:2,gpu:1")
+@click.option("--dynamic-batching-us", type=click.IntRange(min=0), default=1000,
+              show_default=True, help="Triton's max queue delay; batch-coupled precisions "
+              "(dynamic int8) get none.")
+@click.option("--accelerator", type=click.Choice(["none", "cuda", "tensorrt", "tensorrt-fp16"]),
+              default="none", show_default=True, help="GPU execution accelerator setting.")
+@click.option("--force", is_flag=True, help="Replace --out even if it is not ours.")
+def triton(bundle: Path, out: Path, precision: str, name: str | None, max_batch: int,
+           instances: str, dynamic_batching_us: int, accelerator: str, force: bool) -> None:
+    """Write a Triton Inference Server model repository (ONNX Runtime backend)."""
+    from vit_deploy.atomic import OutputExistsError
+    from vit_deploy.runtime.manifest import BundleError
+    from vit_deploy.serving import parse_instances, triton_repository
+
+    try:
+        repo, notes = triton_repository(
+            bundle, out, precision=precision, name=name, max_batch=max_batch,
+            instances=parse_instances(instances), dynamic_batching_us=dynamic_batching_us,
+            accelerator=None if accelerator == "none" else accelerator, force=force)
+    except (BundleError, ValueError, OutputExistsError) as e:
+        raise click.UsageError(str(e)) from None
+    console = _console()
+    model = name or bundle.name
+    console.print(f"wrote {repo}/{model}/config.pbtxt and {repo}/{model}/1/model.onnx")
+    for note in notes:
+        console.print(f"note: {note}")
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Interface to bind (loopback by default).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--provider", default="cpu", show_default=True)
+@click.option("--precision", default="fp32", show_default=True)
+@click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--max-wait-ms", type=click.FloatRange(min=0), default=5.0, show_default=True)
+@click.option("--top-k", type=click.IntRange(min=1), default=5, show_default=True)
+def serve(bundle: Path, host: str, port: int, provider: str, precision: str, max_batch: int,
+          max_wait_ms: float, top_k: int) -> None:
+    """Serve BUNDLE over HTTP: POST /predict, GET /health, /metadata, /metrics."""
+    from vit_deploy.runtime import BundleError, ProviderError, ViTSession
+
+    try:
+        import uvicorn
+
+        from vit_deploy.server import make_app
+    except ImportError:
+        raise click.UsageError("serve needs FastAPI and uvicorn: pip install 'vit-deploy[serve]'") \
+            from None
+    try:
+        session = ViTSession(bundle, provider=provider, precision=precision)
+    except (BundleError, FileNotFoundError, ProviderError, ValueError) as e:
+        raise click.UsageError(str(e)) from None
+    _console().print(f"serving {bundle} ({precision}, {session.providers[0]}) on "
+                     f"http://{host}:{port}")
+    uvicorn.run(make_app(session, max_batch=max_batch, max_wait_ms=max_wait_ms, top_k=top_k),
+                host=host, port=port, log_level="warning")
+
+
 def _print_compare(console: Console, reports: list[dict[str, Any]], names: list[str]) -> None:
     keys: dict[tuple, dict[int, dict[str, Any]]] = {}
     for i, rep in enumerate(reports):
