@@ -8,15 +8,13 @@ annotations at run time, so this module does not use postponed annotations.
 import asyncio
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from vit_deploy.runtime.preprocess import ImageError
-from vit_deploy.runtime.session import softmax
+from vit_deploy.runtime.preprocess import ImageError, group_by_shape
 
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
 
@@ -68,30 +66,19 @@ class Batcher:
 
     def _predict(self, images: list) -> list:
         out: list[dict[str, Any]] = [{} for _ in images]
-        good: list[int] = []
         arrays = []
         for i, data in enumerate(images):
             try:
-                arrays.append(self.preprocess(data))
-                good.append(i)
+                arrays.append((i, self.preprocess(data)))
             except ImageError as e:
                 out[i] = {"error": str(e), "status": 400}
-        groups: dict[tuple, list[int]] = {}
-        for i, a in zip(good, arrays):
-            groups.setdefault(a.shape, []).append(i)
-        by_index = dict(zip(good, arrays))
-        for indices in groups.values():
-            batch = np.stack([by_index[i] for i in indices])
-            probs = softmax(self.session.run(batch))
+        for indices, batch in group_by_shape(arrays):
             with self._lock:
                 self.metrics.batches += 1
                 self.metrics.max_batch_seen = max(self.metrics.max_batch_seen, len(indices))
-            labels = self.session.labels
-            for row, i in zip(probs, indices):
-                order = np.argsort(-row, kind="stable")[: self.top_k]
-                out[i] = {"top": [{"index": int(j), "label": labels[j] if labels else None,
-                                   "probability": float(row[j])} for j in order],
-                          "batch_size": len(indices), "provider": self.session.providers[0]}
+            for top, i in zip(self.session.classify(batch, self.top_k), indices):
+                out[i] = {"top": [asdict(c) for c in top], "batch_size": len(indices),
+                          "provider": self.session.providers[0]}
         return out
 
 

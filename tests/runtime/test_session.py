@@ -5,14 +5,13 @@ import textwrap
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 from conftest import torch_logits
 from vit_deploy.contract import MANIFEST_NAME, MODEL_FILE
 from vit_deploy.parity import sample_inputs
 from vit_deploy.runtime import (BundleError, InputError, ProviderError, RuntimeOptions, ViTSession,
-                                parse_providers)
+                                parse_providers, probe)
 
 
 def test_runtime_import_does_not_import_torch():
@@ -76,25 +75,7 @@ def test_provider_aliases_resolve_case_insensitively():
         parse_providers("gpu")
 
 
-def _cuda_works() -> bool:
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
-        return False
-    try:
-        import onnx
-        from onnx import TensorProto, helper
-
-        graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
-                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-        model.ir_version = 10
-        s = ort.InferenceSession(model.SerializeToString(), providers=["CUDAExecutionProvider"])
-        return s.get_providers()[0] == "CUDAExecutionProvider" and onnx is not None
-    except Exception:
-        return False
-
-
-@pytest.mark.skipif(_cuda_works(), reason="CUDA really runs here; the strict error cannot happen")
+@pytest.mark.skipif(probe("cuda").usable, reason="CUDA really runs here; the strict error cannot happen")
 def test_cuda_that_cannot_run_is_an_error_not_a_silent_cpu_run(tiny_bundle):
     _, result = tiny_bundle
     with pytest.raises(ProviderError, match=r"\['cuda'\] asked for but not active; active: "

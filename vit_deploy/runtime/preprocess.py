@@ -88,11 +88,15 @@ class Preprocess:
 
     def batches(self, images: Sequence[ImageInput]) -> list[tuple[list[int], np.ndarray]]:
         """Group same-size results: [(indices into `images`, (b, C, H, W) array), ...]."""
-        groups: dict[tuple[int, ...], list[tuple[int, np.ndarray]]] = {}
-        for i, image in enumerate(images):
-            x = self(image)
-            groups.setdefault(x.shape, []).append((i, x))
-        return [([i for i, _ in g], np.stack([x for _, x in g])) for g in groups.values()]
+        return group_by_shape(list(enumerate(self(image) for image in images)))
+
+
+def group_by_shape(items: Sequence[tuple[int, np.ndarray]]) -> list[tuple[list[int], np.ndarray]]:
+    """[(index, (C, H, W) array), ...] -> [(indices, (b, C, H, W) batch), ...], one per size."""
+    groups: dict[tuple[int, ...], list[tuple[int, np.ndarray]]] = {}
+    for i, x in items:
+        groups.setdefault(x.shape, []).append((i, x))
+    return [([i for i, _ in g], np.stack([x for _, x in g])) for g in groups.values()]
 
 
 def load_image(src: ImageInput, *, max_pixels: int = MAX_PIXELS) -> Image.Image:

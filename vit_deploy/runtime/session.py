@@ -177,14 +177,16 @@ class ViTSession:
         pre = preprocess or self.preprocess()
         results: list[Prediction | None] = [None] * len(images)
         for indices, batch in pre.batches(images):
-            probs = softmax(self.run(batch))
-            k = min(top_k, probs.shape[1])
-            for row, i in zip(probs, indices):
-                order = np.argsort(-row, kind="stable")[:k]
-                top = [Classified(int(j), self.labels[j] if self.labels else None, float(row[j]))
-                       for j in order]
-                results[i] = Prediction(_describe(images[i]), tuple(batch.shape[2:]), top)
+            for row, i in zip(self.classify(batch, top_k), indices):
+                results[i] = Prediction(_describe(images[i]), tuple(batch.shape[2:]), row)
         return results  # type: ignore[return-value]
+
+    def classify(self, batch: np.ndarray, top_k: int) -> list[list[Classified]]:
+        """Normalised (B, C, H, W) -> the top-k classes of each image, best first."""
+        probs = softmax(self.run(batch))
+        k = min(top_k, probs.shape[1])
+        return [[Classified(int(j), self.labels[j] if self.labels else None, float(row[j]))
+                 for j in np.argsort(-row, kind="stable")[:k]] for row in probs]
 
     def preprocess(self, **overrides: Any) -> Preprocess:
         """The manifest's preprocessing (a bare .onnx file has none: pass the fields)."""
