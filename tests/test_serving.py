@@ -1,7 +1,6 @@
 """Triton repository (validated with Triton's own protobuf) and the HTTP server."""
 
 import io
-import json
 import socket
 import subprocess
 import sys

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from vit_deploy.contract import PRECISIONS
-from vit_deploy.parity import (Check, ParityCase, ParityReport, batch_independence, determinism,
+from vit_deploy.parity import (Check, ParityReport, batch_independence, determinism,
                                judge, sample_inputs)
 from vit_deploy.runtime.manifest import load_manifest
 from vit_deploy.runtime.providers import parse_providers, short_name
-from vit_deploy.runtime.session import ViTSession
+from vit_deploy.runtime.session import RuntimeOptions, ViTSession
 from vit_deploy.sizes import check_input_size, format_resolution
 
 
@@ -98,7 +98,7 @@ def run_check(bundle: str | Path, options: CheckOptions = CheckOptions(),
             progress(f"{alias} {precision}")
             try:
                 session = ViTSession(bundle, provider=provider, precision=precision,
-                                     options=_no_verify())
+                                     options=RuntimeOptions(verify=False))  # verified above
             except Exception as e:  # ProviderError, or a provider that fails to load the model
                 report.unavailable.setdefault(alias, str(e).splitlines()[0])
                 continue
@@ -108,7 +108,8 @@ def run_check(bundle: str | Path, options: CheckOptions = CheckOptions(),
                 for (hw, b), x in inputs.items():
                     case = judge(refs[(hw, b)], session.run(x), resolution=hw, provider=ran,
                                  precision=precision.split("-")[0])
-                    report.parity.cases.append(_with(case, precision, fallback))
+                    report.parity.cases.append(replace(case, precision=precision,
+                                                       fallback_nodes=fallback))
                 subject = f"{ran}:{precision}"
                 report.parity.checks.append(batch_independence(
                     session.run, resolutions[0], subject=subject, channels=cfg["in_chans"]))
@@ -117,34 +118,17 @@ def run_check(bundle: str | Path, options: CheckOptions = CheckOptions(),
     return report
 
 
-def _with(case: ParityCase, precision: str, fallback: int) -> ParityCase:
-    d = asdict(case) | {"precision": precision, "fallback_nodes": fallback}
-    return ParityCase(**d)
-
-
-def _no_verify():
-    from vit_deploy.runtime.session import RuntimeOptions
-
-    return RuntimeOptions(verify=False)  # verified once above
-
-
 def _torch_reference(bundle: Path, manifest: dict[str, Any]) -> Callable[[np.ndarray], np.ndarray]:
     try:
-        import torch
-
         from vit_deploy.checkpoints import load_model
+        from vit_deploy.model import numpy_forward
     except ImportError:
         raise ImportError("vit-deploy check compares against PyTorch, which is not installed: "
                           "pip install 'vit-deploy[export]'") from None
     weights = [n for n, e in manifest["files"].items() if e.get("role") == "weights"]
     if not weights:
         raise ValueError(f"bundle {str(bundle)!r} holds no PyTorch weights to compare against")
-    model = load_model(bundle / weights[0])
-
-    def forward(x: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            return model(torch.from_numpy(x)).numpy()
-    return forward
+    return numpy_forward(load_model(bundle / weights[0]))
 
 
 __all__ = ["Check", "CheckOptions", "CheckReport", "run_check"]

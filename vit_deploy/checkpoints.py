@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
-from vit_deploy.atomic import _umask
+from vit_deploy.atomic import write_bytes_atomic
 from vit_deploy.config import ViTConfig
 from vit_deploy.model import ViT, build_model
 
@@ -23,19 +21,8 @@ class CheckpointError(ValueError):
 
 def save_weights(model: ViT, path: str | Path) -> Path:
     """Write the state dict as safetensors (atomically), the config in its metadata."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    os.fchmod(fd, 0o666 & ~_umask())
-    os.close(fd)
-    try:
-        save_file(state, tmp, metadata={CONFIG_KEY: model.cfg.to_json()})
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return write_bytes_atomic(path, save(state, metadata={CONFIG_KEY: model.cfg.to_json()}))
 
 
 def read_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -69,13 +56,19 @@ def read_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str
 def load_model(path: str | Path, cfg: ViTConfig | None = None) -> ViT:
     """Our own checkpoints carry their config; for others pass `cfg` (the layout must match)."""
     state, metadata = read_state_dict(path)
+    return model_from_state(state, metadata, source=str(path), cfg=cfg)
+
+
+def model_from_state(state: dict[str, torch.Tensor], metadata: dict[str, str], *, source: str,
+                     cfg: ViTConfig | None = None) -> ViT:
+    """A model in our layout: the config from the checkpoint's metadata, else `cfg`."""
     if CONFIG_KEY in metadata:
         cfg = ViTConfig.from_json(metadata[CONFIG_KEY])
     if cfg is None:
-        raise CheckpointError(f"{str(path)!r} carries no vit-deploy config; give the model "
+        raise CheckpointError(f"{source!r} carries no vit-deploy config; give the model "
                               f"settings (variant, patch, ...) that match it")
     model = build_model(cfg, seed=None)
-    load_state(model, state, source=str(path))
+    load_state(model, state, source=source)
     return model
 
 

@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from vit_deploy.checkpoints import CONFIG_KEY, CheckpointError, load_state, read_state_dict
+from vit_deploy.checkpoints import (CONFIG_KEY, CheckpointError, load_state, model_from_state,
+                                    read_state_dict)
 from vit_deploy.config import IMAGENET_MEAN, IMAGENET_STD, ViTConfig
 from vit_deploy.model import ViT, build_model
 
@@ -39,22 +40,18 @@ def load_any(path: str | Path, *, source: str = "auto", heads: int | None = None
                               f"{str(path)!r} is not")
     state, metadata = read_state_dict(path)
     if source in ("auto", "vit-deploy") and CONFIG_KEY in metadata:
-        model = build_model(ViTConfig.from_json(metadata[CONFIG_KEY]), seed=None)
-        load_state(model, state, source=str(path))
-        return model, "vit-deploy"
+        return model_from_state(state, metadata, source=str(path)), "vit-deploy"
     if source in ("auto", "timm") and "patch_embed.proj.weight" in state \
             and "pos_embed" in state:
         return load_timm(state, source=str(path), heads=heads), "timm"
     if fallback_cfg is None:
         raise CheckpointError(f"{str(path)!r} matches no known layout (vit-deploy, timm, Hugging "
                               f"Face); its first keys: {sorted(state)[:5]}")
-    model = build_model(fallback_cfg, seed=None)  # our layout without a config: the flags say
-    try:
-        load_state(model, state, source=str(path))
+    try:  # our layout without a config: the command's flags say which model
+        return model_from_state(state, {}, source=str(path), cfg=fallback_cfg), "vit-deploy"
     except CheckpointError as e:
         raise CheckpointError(f"no known layout (vit-deploy, timm, Hugging Face) matches; "
                               f"against {fallback_cfg.name or 'the requested model'}: {e}") from None
-    return model, "vit-deploy"
 
 
 # -- timm ---------------------------------------------------------------------------------

@@ -244,6 +244,14 @@ class ViTWithFeatures(nn.Module):
         return self.vit.forward_head(tokens), self.vit.forward_head(tokens, pre_logits=True)
 
 
+def numpy_forward(model: nn.Module):
+    """The model as a numpy function (B, C, H, W) float32 -> (B, K), for parity checks."""
+    def forward(x):
+        with torch.inference_mode():
+            return model(torch.from_numpy(x)).numpy()
+    return forward
+
+
 def build_model(cfg: ViTConfig, *, seed: int | None = 0) -> ViT:
     """A ViT in eval mode; with random weights drawn from `seed` (reproducible)."""
     if seed is not None:

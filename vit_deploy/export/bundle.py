@@ -11,8 +11,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
 
 from vit_deploy.atomic import atomic_directory
 from vit_deploy.contract import (BATCH_DIM, BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, FEATURES_NAME,
@@ -21,7 +19,7 @@ from vit_deploy.contract import (BATCH_DIM, BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION
 from vit_deploy.checkpoints import save_weights
 from vit_deploy.export.onnx import ExportError, OnnxOptions, export_onnx, node_count
 from vit_deploy.export.simplify import simplify_onnx
-from vit_deploy.model import ViT
+from vit_deploy.model import ViT, numpy_forward
 from vit_deploy.parity import ParityCase, ParityError, ParityReport, batch_independence, judge, sample_inputs
 from vit_deploy.runtime.manifest import file_entry
 from vit_deploy.runtime.providers import short_name
@@ -88,8 +86,8 @@ def export_bundle(model: ViT, out: str | Path, *, options: ExportOptions = Expor
         cases = [(hw, b) for hw in parity_resolutions(model, resolution, options.static)
                  for b in PARITY_BATCHES]
         inputs = {case: sample_inputs(case[0], case[1], channels=cfg.in_chans) for case in cases}
-        with torch.no_grad():
-            refs = {case: model(torch.from_numpy(x)).numpy() for case, x in inputs.items()}
+        forward = numpy_forward(model)
+        refs = {case: forward(x) for case, x in inputs.items()}
 
         nodes_raw = node_count(raw)
         chosen, report = raw, None
@@ -141,18 +139,11 @@ def _verify(model: ViT, path: Path, inputs: dict, refs: dict) -> ParityReport:
             judge(refs[case], session.run(x), resolution=case[0], provider=provider)
             for case, x in inputs.items()]
         res = next(iter(inputs))[0]
-        checks = [batch_independence(_torch_forward(model), res, subject="pytorch",
+        checks = [batch_independence(numpy_forward(model), res, subject="pytorch",
                                      channels=model.cfg.in_chans),
                   batch_independence(session.run, res, subject=f"onnxruntime:{provider}",
                                      channels=model.cfg.in_chans)]
     return ParityReport(cases=cases, checks=checks)
-
-
-def _torch_forward(model: ViT):
-    def forward(x: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
-            return model(torch.from_numpy(x)).numpy()
-    return forward
 
 
 def build_manifest(model: ViT, root: Path, *, options: ExportOptions, resolution: tuple[int, int],
