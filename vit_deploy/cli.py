@@ -608,6 +608,7 @@ def predict(bundle: Path, images: tuple[Path, ...], provider: str, fallback: boo
     """Classify IMAGES with a bundle (no torch needed)."""
     from vit_deploy.runtime import (BundleError, ImageError, ProviderError, RuntimeOptions,
                                     ViTSession)
+    from vit_deploy.runtime.providers import short_name
 
     try:
         with warnings.catch_warnings():  # a fallback is reported below, in plain words
@@ -624,7 +625,7 @@ def predict(bundle: Path, images: tuple[Path, ...], provider: str, fallback: boo
             predictions = session.predict(list(images), top_k=top_k, preprocess=pre)
         except (ImageError, ValueError) as e:
             raise click.BadParameter(str(e), param_hint="IMAGES") from None
-        ran_on = [_alias(p) for p in session.providers]
+        ran_on = [short_name(p) for p in session.providers]
     if as_json:
         click.echo(json.dumps({"providers": ran_on, "precision": precision,
                                "predictions": [p.to_dict() for p in predictions]}, indent=2))
@@ -663,12 +664,6 @@ def providers(as_json: bool) -> None:
     for r in results:
         if not r.usable:
             console.print(f"{r.alias}: {r.reason}")
-
-
-def _alias(name: str) -> str:
-    from vit_deploy.runtime.providers import short_name
-
-    return short_name(name)
 
 
 def _read_labels(path: Path, num_classes: int) -> list[str]:

@@ -139,8 +139,8 @@ def load_hf(directory: Path) -> ViT:
     cfg = ViTConfig(img_size=(grid * patch, grid * patch), patch_size=patch,
                     in_chans=hf.get("num_channels", 3), width=width, depth=depth,
                     heads=hf["num_attention_heads"],
-                    mlp_ratio=hf.get("intermediate_size", width * hf.get("mlp_ratio", 4)) / width
-                    if "intermediate_size" in hf else float(hf.get("mlp_ratio", 4)),
+                    mlp_ratio=(hf["intermediate_size"] / width if "intermediate_size" in hf
+                               else float(hf.get("mlp_ratio", 4))),
                     num_classes=num_classes, qkv_bias=hf.get("qkv_bias", True),
                     norm_eps=hf.get("layer_norm_eps", 1e-12), class_token=True,
                     dist_token=dist, dist_head="distillation_classifier.weight" in heads_out,

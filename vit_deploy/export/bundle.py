@@ -90,7 +90,7 @@ def export_bundle(model: ViT, out: str | Path, *, options: ExportOptions = Expor
         refs = {case: forward(x) for case, x in inputs.items()}
 
         nodes_raw = node_count(raw)
-        chosen, report = raw, None
+        chosen, nodes, report = raw, nodes_raw, None
         simplify_info: dict[str, Any] = {"requested": options.simplify, "kept": False,
                                          "nodes_before": nodes_raw}
         if options.simplify:
@@ -105,7 +105,7 @@ def export_bundle(model: ViT, out: str | Path, *, options: ExportOptions = Expor
                 else:
                     report = _verify(model, sim, inputs, refs)
                     if report:
-                        chosen = sim
+                        chosen, nodes = sim, nodes_sim
                         simplify_info["kept"] = True
                     else:
                         notes.append("onnxsim result discarded: it failed parity")
@@ -124,7 +124,7 @@ def export_bundle(model: ViT, out: str | Path, *, options: ExportOptions = Expor
         save_weights(model, tmp / WEIGHTS_FILE)
         seconds = time.perf_counter() - start
         manifest = build_manifest(model, tmp, options=options, resolution=resolution,
-                                  report=report, simplify_info=simplify_info,
+                                  report=report, simplify_info=simplify_info, nodes=nodes,
                                   timings={"export_s": round(export_seconds, 2),
                                            "total_s": round(seconds, 2)}, notes=notes)
         (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
@@ -147,7 +147,8 @@ def _verify(model: ViT, path: Path, inputs: dict, refs: dict) -> ParityReport:
 
 
 def build_manifest(model: ViT, root: Path, *, options: ExportOptions, resolution: tuple[int, int],
-                   report: ParityReport, simplify_info: dict[str, Any], timings: dict[str, float],
+                   report: ParityReport, simplify_info: dict[str, Any], nodes: int,
+                   timings: dict[str, float],
                    notes: list[str]) -> dict[str, Any]:
     cfg = model.cfg
     labels = list(options.labels) if options.labels else None
@@ -186,7 +187,7 @@ def build_manifest(model: ViT, root: Path, *, options: ExportOptions, resolution
         "files": {name: file_entry(root / name) | {"role": role}
                   for name, role in ((MODEL_FILE, "model:fp32"), (WEIGHTS_FILE, "weights"))},
         "export": {"opset": options.opset, "static": options.static, "simplify": simplify_info,
-                   "nodes": node_count(root / MODEL_FILE), **timings, "notes": notes},
+                   "nodes": nodes, **timings, "notes": notes},
         "parity": report.to_dict(),
         "versions": versions(),
     }

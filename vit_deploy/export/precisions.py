@@ -71,11 +71,12 @@ class Evaluator:
         P = cfg["patch_size"]
         native = tuple(cfg["img_size"])
         deploy = tuple(manifest["preprocess"]["resolution"])
-        other = deploy if deploy != native else (P * round(native[0] * 1.5 / P),
-                                                 P * round(native[1] * 1.5 / P))
-        self.resolutions = [native] if not manifest["io"]["dynamic"] else [native, other]
         if not manifest["io"]["dynamic"]:
             self.resolutions = [deploy]
+        else:  # the native size and one other: the deploy size, else 1.5 × native
+            other = deploy if deploy != native else (P * round(native[0] * 1.5 / P),
+                                                     P * round(native[1] * 1.5 / P))
+            self.resolutions = [native, other]
         self.inputs = [sample_inputs(hw, 2, channels=cfg["in_chans"], seed=11)
                        for hw in self.resolutions]
         with ViTSession(self.reference) as s:

@@ -244,7 +244,6 @@ def _int4(model: onnx.ModelProto, dst: Path, nodes: list[str], options: QuantOpt
         raise ValueError("every linear layer is excluded: nothing to quantise")
     # nodes_to_include does not restrict (it is OR-ed with the op type), so exclude instead
     others = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in nodes]
-    # (a Gemm head is not a MatMul: MatMulNBits leaves it float)
     quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=options.block_size,
                                      is_symmetric=True, accuracy_level=4, nodes_to_exclude=others,
                                      op_types_to_quantize=("MatMul",))
