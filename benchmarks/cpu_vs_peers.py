@@ -54,7 +54,7 @@ def worker(args: argparse.Namespace) -> None:
     """One fresh process: load every case, interleave, print JSON medians."""
     import torch
 
-    from vit_deploy.checkpoints import load_model
+    from vit_deploy.export.checkpoints import load_model
     from vit_deploy.runtime import RuntimeOptions, ViTSession
 
     threads = args.threads or os.cpu_count()

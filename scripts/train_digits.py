@@ -17,11 +17,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vit_deploy.checkpoints import save_weights
+from vit_deploy.export.checkpoints import save_weights
 from vit_deploy.config import variant
 from vit_deploy.data import (DIGITS_FILE, DIGITS_RECORD_FILE, DIGITS_MEAN, DIGITS_MODEL_FILE, DIGITS_SIZE, DIGITS_STD,
                              data_path, load_digits_split, normalise)
-from vit_deploy.model import build_model
+from vit_deploy.export.model import build_model
 
 SEED = 0
 TEST_FRACTION = 0.2

@@ -6,7 +6,7 @@ import torch
 
 from vit_deploy.config import variant
 from vit_deploy.export.bundle import ExportOptions, export_bundle
-from vit_deploy.model import build_model
+from vit_deploy.export.model import build_model
 
 # The tiny model: width 48, depth 2, heads 3, patch 8, native 32x32 (a 4x4 grid).
 TINY_KINDS = [("learned", "cls"), ("factorized", "mean")]

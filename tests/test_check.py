@@ -9,7 +9,7 @@ from vit_deploy.check import CheckOptions, run_check
 from vit_deploy.cli import main
 from vit_deploy.contract import MODEL_FILE
 from vit_deploy.export.bundle import ExportOptions, export_bundle
-from vit_deploy.export.precisions import add_precisions
+from vit_deploy.precisions import add_precisions
 from vit_deploy.parity import batch_independence
 from vit_deploy.runtime import RuntimeOptions, ViTSession
 

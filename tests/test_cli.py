@@ -67,7 +67,7 @@ def test_refuses_to_overwrite_a_directory_that_is_not_a_bundle(tmp_path):
 
 def test_checkpoint_round_trip(tmp_path):
     from conftest import tiny
-    from vit_deploy.checkpoints import save_weights
+    from vit_deploy.export.checkpoints import save_weights
 
     path = save_weights(tiny("factorized", "mean", num_classes=4), tmp_path / "w.safetensors")
     r = run("export", "--model", "tiny", "--checkpoint", path, "--out", tmp_path / "b",

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from vit_deploy.checkpoints import load_model
+from vit_deploy.export.checkpoints import load_model
 from vit_deploy.cli import main
 from vit_deploy.contract import WEIGHTS_FILE
 from vit_deploy.parity import judge, sample_inputs

@@ -16,7 +16,7 @@ from PIL import Image
 from tritonclient.grpc import model_config_pb2
 
 from vit_deploy.cli import main
-from vit_deploy.export.precisions import add_precisions
+from vit_deploy.precisions import add_precisions
 
 
 def _parse(path):

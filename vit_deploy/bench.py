@@ -233,7 +233,7 @@ def _torch_runner(bundle: Path, x: np.ndarray, batch: int, hw, threads,
     try:
         import torch
 
-        from vit_deploy.checkpoints import load_model
+        from vit_deploy.export.checkpoints import load_model
     except ImportError:
         case.status = "unavailable: PyTorch is not installed (pip install 'vit-deploy[export]')"
         return case, []

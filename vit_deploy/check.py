@@ -120,8 +120,8 @@ def run_check(bundle: str | Path, options: CheckOptions = CheckOptions(),
 
 def _torch_reference(bundle: Path, manifest: dict[str, Any]) -> Callable[[np.ndarray], np.ndarray]:
     try:
-        from vit_deploy.checkpoints import load_model
-        from vit_deploy.model import numpy_forward
+        from vit_deploy.export.checkpoints import load_model
+        from vit_deploy.export.model import numpy_forward
     except ImportError:
         raise ImportError("vit-deploy check compares against PyTorch, which is not installed: "
                           "pip install 'vit-deploy[export]'") from None

@@ -152,12 +152,12 @@ def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | N
     a failing case fails the export and leaves nothing behind.
     """
     from vit_deploy.atomic import OutputExistsError, check_destination
-    from vit_deploy.checkpoints import CheckpointError
-    from vit_deploy.formats import load_any
+    from vit_deploy.export.checkpoints import CheckpointError
+    from vit_deploy.export.checkpoints import load_any
     from vit_deploy.config import parse_variant, variant
     from vit_deploy.export.bundle import ExportOptions, export_bundle
     from vit_deploy.export.onnx import ExportError
-    from vit_deploy.model import build_model
+    from vit_deploy.export.model import build_model
     from vit_deploy.parity import ParityError
     from vit_deploy.sizes import check_input_size, check_memory
 
@@ -231,8 +231,8 @@ def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | N
 def _run_precisions(bundle: Path, precisions: tuple[str, ...], *, calib: str | None,
                     calib_method: str, calib_samples: int, block_size: int, exclude: str,
                     float_head: bool, max_drop: float | None, force: bool) -> None:
-    from vit_deploy.export.precisions import PrecisionOptions, add_precisions, calibration_batches
-    from vit_deploy.export.quantize import QuantizeError, QuantOptions
+    from vit_deploy.precisions import PrecisionOptions, add_precisions, calibration_batches
+    from vit_deploy.quantize import QuantizeError, QuantOptions
     from vit_deploy.runtime.manifest import BundleError, load_manifest
 
     console = _console()
@@ -501,7 +501,7 @@ def triton(bundle: Path, out: Path, precision: str, name: str | None, max_batch:
     """Write a Triton Inference Server model repository (ONNX Runtime backend)."""
     from vit_deploy.atomic import OutputExistsError
     from vit_deploy.runtime.manifest import BundleError
-    from vit_deploy.serving import parse_instances, triton_repository
+    from vit_deploy.triton import parse_instances, triton_repository
 
     try:
         repo, notes = triton_repository(

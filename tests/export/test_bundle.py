@@ -5,7 +5,7 @@ import pytest
 import vit_deploy.export.bundle as bundle_mod
 from conftest import tiny
 from vit_deploy.atomic import OutputExistsError
-from vit_deploy.checkpoints import load_model
+from vit_deploy.export.checkpoints import load_model
 from vit_deploy.contract import MANIFEST_NAME, MODEL_FILE, WEIGHTS_FILE
 from vit_deploy.export.bundle import ExportOptions, export_bundle, parity_resolutions
 from vit_deploy.parity import ParityError
@@ -101,7 +101,7 @@ def test_static_bundle(tmp_path):
 
 def test_parity_resolutions_for_b16_cover_the_done_sizes():
     from vit_deploy.config import variant
-    from vit_deploy.model import ViT
+    from vit_deploy.export.model import ViT
 
     class Stub:
         cfg = variant("B/16")

@@ -7,13 +7,13 @@ import pytest
 import torch
 from PIL import Image
 
-from vit_deploy.checkpoints import load_model
+from vit_deploy.export.checkpoints import load_model
 from vit_deploy.data import (DIGITS_MODEL_FILE, DIGITS_RECORD_FILE, data_path, load_digits_split,
                              normalise)
 from vit_deploy.export.bundle import ExportOptions, export_bundle
-from vit_deploy.export.precisions import add_precisions, calibration_batches
-from vit_deploy.export.quantize import QuantOptions
-from vit_deploy.export.precisions import PrecisionOptions
+from vit_deploy.precisions import add_precisions, calibration_batches
+from vit_deploy.quantize import QuantOptions
+from vit_deploy.precisions import PrecisionOptions
 from vit_deploy.runtime import ViTSession
 from vit_deploy.runtime.manifest import load_manifest
 

@@ -16,10 +16,10 @@ from vit_deploy.atomic import atomic_directory
 from vit_deploy.contract import (BATCH_DIM, BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, FEATURES_NAME,
                                  HEIGHT_DIM, INPUT_NAME, LOGITS_NAME, MANIFEST_NAME, MODEL_FILE,
                                  OPSET, WEIGHTS_FILE, WIDTH_DIM)
-from vit_deploy.checkpoints import save_weights
+from vit_deploy.export.checkpoints import save_weights
 from vit_deploy.export.onnx import ExportError, OnnxOptions, export_onnx, node_count
 from vit_deploy.export.simplify import simplify_onnx
-from vit_deploy.model import ViT, numpy_forward
+from vit_deploy.export.model import ViT, numpy_forward
 from vit_deploy.parity import ParityCase, ParityError, ParityReport, batch_independence, judge, sample_inputs
 from vit_deploy.runtime.manifest import file_entry
 from vit_deploy.runtime.providers import short_name

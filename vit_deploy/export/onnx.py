@@ -17,7 +17,7 @@ import torch
 from vit_deploy.atomic import write_bytes_atomic
 from vit_deploy.contract import (BATCH_DIM, HEIGHT_DIM, INPUT_NAME, IR_VERSION, LOGITS_NAME,
                                  FEATURES_NAME, METADATA_CONFIG_KEY, METADATA_LINEARS_KEY, OPSET, PRODUCER, WIDTH_DIM)
-from vit_deploy.model import ViT, ViTWithFeatures
+from vit_deploy.export.model import ViT, ViTWithFeatures
 
 # Trace on a non-square grid that is nobody's native grid, with batch 2, so nothing
 # specialises on a size (DESIGN.md).

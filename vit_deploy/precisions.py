@@ -21,7 +21,7 @@ import onnxruntime as ort
 
 from vit_deploy.atomic import atomic_directory
 from vit_deploy.contract import (ACCURACY_MAX_DROP, MANIFEST_NAME, PRECISION_FILES, PRECISIONS)
-from vit_deploy.export.quantize import QuantOptions, quantisable_layers, quantize_model
+from vit_deploy.quantize import QuantOptions, quantisable_layers, quantize_model
 from vit_deploy.parity import ParityReport, judge, sample_inputs
 from vit_deploy.runtime.manifest import file_entry, load_manifest
 from vit_deploy.runtime.providers import captured_stderr

@@ -9,12 +9,12 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import save_file
 
-from vit_deploy.checkpoints import CheckpointError
+from vit_deploy.export.checkpoints import CheckpointError
 from vit_deploy.cli import main
 from vit_deploy.config import variant
 from vit_deploy.export.onnx import export_onnx
-from vit_deploy.formats import load_any
-from vit_deploy.model import build_model
+from vit_deploy.export.checkpoints import load_any
+from vit_deploy.export.model import build_model
 
 import transformers  # noqa: E402  (the test extra installs it)
 

@@ -6,7 +6,7 @@ from torch import nn
 
 from conftest import tiny
 from vit_deploy.config import variant
-from vit_deploy.model import Attention, PatchEmbed, build_model, resample_pos_embed
+from vit_deploy.export.model import Attention, PatchEmbed, build_model, resample_pos_embed
 
 
 def test_patchify_raster_order():
