@@ -61,7 +61,7 @@ def test_bench_cli_writes_json_and_csv_and_compares(tiny_bundle, tmp_path):
 
 @pytest.mark.parametrize("args,message", [
     (["--res", "20"], "not a positive multiple of the patch size 8"),
-    (["--precision", "int8"], "no ['int8'] model"),
+    (["--precision", "int8"], "no 'int8' model"),
     (["--batch", "0"], "batch sizes must be positive"),
     (["--threads", "x"], "threads must be positive"),
 ])

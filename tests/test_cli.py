@@ -42,9 +42,9 @@ def test_static_export_via_cli(tmp_path):
     (["--res", "32x"], "resolution must be N or HxW"),
     (["--model", "XL"], "unknown model variant 'XL'"),
     (["--pos-embed", "rope"], "'rope' is not one of 'learned', 'factorized'"),
-    (["--patch", "0"], "0 is not in the range x>=1"),
+    (["--patch", "0"], "0 is not in the range 1<=x<=1024"),
     (["--patch", "5"], "img_size (32, 32) must be positive multiples of patch_size 5"),
-    (["--opset", "17"], "17 is not in the range x>=18"),
+    (["--opset", "17"], "17 is not in the range 18<=x<=30"),
     (["--checkpoint", "/nonexistent.safetensors"], "does not exist"),
 ])
 def test_bad_arguments_exit_2_with_a_message_and_write_nothing(tmp_path, args, message):

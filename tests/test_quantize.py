@@ -111,19 +111,19 @@ def test_add_precisions_rewrites_the_bundle_with_recipes(fp32_bundle, calib, tmp
     results = add_precisions(bundle, ["int8", "fp16", "int4", "int8-static"], calibration=calib)
     assert all(r.passed for r in results), [r.notes for r in results]
     manifest = load_manifest(bundle)  # hashes of the new files verified
-    assert set(manifest["models"]) == {"fp32", "int8", "fp16", "int4", "int8-static"}
+    assert set(manifest.models) == {"fp32", "int8", "fp16", "int4", "int8-static"}
     for p in ("int8", "fp16", "int4", "int8-static"):
-        entry = manifest["precisions"][p]
+        entry = manifest.precisions[p]
         assert entry["file"] == PRECISION_FILES[p] and entry["passed"]
         assert {c["label"] for c in entry["parity"]["cases"]} == {"32x32 b2", "32x48 b2"}
         with ViTSession(bundle, precision=p) as s:
             assert s.run(sample_inputs((16, 16), 1)).shape == (1, 10)
-    assert manifest["precisions"]["int8-static"]["recipe"]["calibration"] == "minmax"
-    assert "Cast" in manifest["precisions"]["fp16"]["notes"][0]
+    assert manifest.recipe("int8-static")["calibration"] == "minmax"
+    assert "Cast" in manifest.precisions["fp16"]["notes"][0]
     n = len(LAYERS) + 1
-    assert manifest["precisions"]["int8"]["runtime"]["check"] == \
+    assert manifest.precisions["int8"]["runtime"]["check"] == \
         f"{n} DynamicQuantizeMatMul for {n} quantised layers"
-    sizes = {p: manifest["files"][PRECISION_FILES[p]]["size"] for p in manifest["models"]}
+    sizes = {p: manifest.files[PRECISION_FILES[p]].size for p in manifest.models}
     assert sizes["int8"] < sizes["fp32"] and sizes["int4"] < sizes["int8"]
 
 

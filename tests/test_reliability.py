@@ -23,7 +23,9 @@ from vit_deploy.contract import MANIFEST_NAME, MODEL_FILE
 from vit_deploy.export.bundle import ExportOptions, export_bundle
 from vit_deploy.parity import sample_inputs
 from vit_deploy.runtime import BundleError, InputError, ViTSession
-from vit_deploy.runtime.manifest import file_entry
+from dataclasses import asdict
+
+from vit_deploy.runtime.manifest import FileEntry
 
 
 def _rss_mb() -> float:
@@ -130,7 +132,7 @@ def test_external_data_not_in_the_manifest_is_refused(tiny_bundle, tmp_path):
     (bundle / "data.bin").write_bytes(np.ones(16, np.float32).tobytes())
     model_path = _external_model(bundle, "data.bin")  # replaces model.onnx
     manifest = json.loads((bundle / MANIFEST_NAME).read_text())
-    manifest["files"][MODEL_FILE] = file_entry(model_path) | {"role": "model:fp32"}
+    manifest["files"][MODEL_FILE] = asdict(FileEntry.of(model_path, "model:fp32"))
     (bundle / MANIFEST_NAME).write_text(json.dumps(manifest))
     with pytest.raises(BundleError, match="not listed"):
         ViTSession(bundle)
@@ -144,7 +146,7 @@ def test_external_data_not_in_the_manifest_is_refused(tiny_bundle, tmp_path):
     (lambda m: m["config"].update(patch_size=0), "config.patch_size"),
     (lambda m: m["preprocess"].update(resolution=[224]), "preprocess.resolution"),
     (lambda m: m.update(labels=["a"]), "labels"),
-    (lambda m: m.update(format_version=99), "up to v1"),
+    (lambda m: m.update(format_version=99), "up to v2"),
 ])
 def test_manifest_with_missing_or_wrong_fields_is_refused(tiny_bundle, tmp_path, damage, match):
     _, result = tiny_bundle
@@ -162,7 +164,7 @@ def test_manifest_with_missing_or_wrong_fields_is_refused(tiny_bundle, tmp_path,
 def test_attention_that_cannot_fit_is_refused_with_the_estimate(tiny_bundle):
     _, result = tiny_bundle
     with ViTSession(result.path) as s, pytest.raises(InputError, match=r"GiB are available"):
-        s.check_input(np.zeros((1, 3, 8 * 300, 8 * 300), np.float32))
+        s.validate_input(np.zeros((1, 3, 8 * 300, 8 * 300), np.float32))
     r = CliRunner().invoke(main, ["export", "--model", "B", "--res", "8192"])
     assert r.exit_code == 2 and "attention needs about" in r.output
 

@@ -1,6 +1,6 @@
 import pytest
 
-from vit_deploy.sizes import check_input_size, nearest_valid_sizes, parse_resolution
+from vit_deploy.sizes import require_patch_multiple, nearest_valid_sizes, parse_resolution
 
 
 @pytest.mark.parametrize("text,hw", [("448", (448, 448)), ("320x480", (320, 480)),
@@ -24,4 +24,4 @@ def test_nearest_valid_sizes():
 def test_check_input_size_message_names_size_patch_and_neighbours():
     with pytest.raises(ValueError, match=r"input width 230 .* patch size 16; nearest valid "
                                          r"sizes: 224 or 240"):
-        check_input_size(224, 230, 16)
+        require_patch_multiple(224, 230, 16)

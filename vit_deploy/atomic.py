@@ -1,66 +1,338 @@
-"""Atomic artifacts: a file or a whole directory appears complete or not at all (torch-free)."""
+"""Writing directories we own: atomic, locked, and never losing a file we did not write.
+
+One mechanism serves every command that writes a directory (`export`, `quantize`,
+`triton`):
+
+- **Ownership.** A directory is ours only when its manifest is one of ours and every file
+  it lists matches its hash. Anything else that is not empty is replaced only with
+  `force`, and even then files we did not write are kept (linked into the new version).
+- **One writer.** A lock file beside the directory (`fcntl.flock`); a second writer fails
+  at once with a message naming the first.
+- **Swap.** The new version is staged in a sibling and exchanged with the old one in one
+  `renameat2(RENAME_EXCHANGE)` call, so the path holds a complete directory at every
+  instant; where the kernel or file system cannot exchange, the old directory is moved
+  aside first, and a journal lets the next writer restore or finish the swap after a kill.
+- **Symlinks** are resolved first: writing through a link updates its target.
+
+Torch-free.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
+import hashlib
+import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from vit_deploy.contract import MANIFEST_NAME
+from vit_deploy.contract import BUNDLE_FORMAT, MANIFEST_NAME
+
+REPOSITORY_FORMAT = "vit-deploy-triton-repository"  # what `vit-deploy triton` writes
+OUR_FORMATS = (BUNDLE_FORMAT, REPOSITORY_FORMAT)
+
+# Called with the name of each step of a swap; tests set it to kill the process there.
+_step: Callable[[str], None] = lambda _name: None
 
 
 class OutputExistsError(FileExistsError):
     """The destination exists and may not be replaced."""
 
 
+class BusyError(RuntimeError):
+    """Another process is writing the same directory."""
+
+
+# -- ownership -------------------------------------------------------------------------
+def owned_files(directory: Path) -> set[str] | None:
+    """The files our manifest in `directory` lists (manifest included) if the manifest is
+    ours and every file matches its hash; None for anything else."""
+    path = Path(directory) / MANIFEST_NAME
+    try:
+        if path.stat().st_size > 16 * 2**20:
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or data.get("format") not in OUR_FORMATS:
+        return None
+    if data.get("format") == BUNDLE_FORMAT:
+        from vit_deploy.runtime.manifest import BundleError, Manifest
+
+        try:
+            manifest = Manifest.from_dict(data)
+            manifest.verify_files(directory)
+        except (BundleError, OSError):
+            return None
+        return set(manifest.owned_files())
+    files = data.get("files")
+    if not isinstance(files, dict):
+        return None
+    for name, digest in files.items():
+        try:
+            if not isinstance(digest, str) or _sha256(Path(directory) / name) != digest:
+                return None
+        except OSError:
+            return None
+    return {*files, MANIFEST_NAME}
+
+
 def is_bundle(path: Path) -> bool:
-    return (Path(path) / MANIFEST_NAME).is_file()
+    return owned_files(Path(path)) is not None
 
 
-def check_destination(dst: Path, *, force: bool) -> None:
-    """Refuse a destination we could not replace safely. A previous bundle may be replaced;
-    a file, or a non-empty directory that is not a bundle, only with `force`."""
-    dst = Path(dst)
-    if not dst.exists() or force:
-        return
-    if dst.is_dir() and (is_bundle(dst) or not any(dst.iterdir())):
-        return
-    what = "a file" if not dst.is_dir() else "a non-empty directory that is not a bundle"
-    raise OutputExistsError(
-        f"output {str(dst)!r} exists and is {what}; choose another --out or pass --force "
-        f"to replace it")
+def repository_record(root: Path, source: str) -> dict:
+    """The manifest of a directory we write that is not a bundle: every file's hash."""
+    files = {p.relative_to(root).as_posix(): _sha256(p)
+             for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST_NAME}
+    return {"format": REPOSITORY_FORMAT, "format_version": 1, "source_bundle": source,
+            "files": files}
+
+
+def claim_destination(dst: str | os.PathLike, *, force: bool,
+                      source: str | os.PathLike | None = None) -> set[str] | None:
+    """Refuse a destination we may not write; returns the files of ours it holds (None: it
+    is not ours, every entry in it is kept)."""
+    dst = Path(os.path.realpath(dst))
+    cwd = Path.cwd().resolve()
+    if dst == cwd or dst in cwd.parents:
+        raise OutputExistsError(f"output {str(dst)!r} is the current directory or one of its "
+                                f"parents; choose a new directory to write into")
+    if source is not None:
+        src = Path(os.path.realpath(source))
+        if dst == src or dst in src.parents:
+            raise OutputExistsError(f"output {str(dst)!r} is the bundle {str(src)!r} itself or a "
+                                    f"directory holding it; choose another --out")
+    if not os.path.lexists(dst):
+        return None
+    if not dst.is_dir():
+        raise OutputExistsError(f"output {str(dst)!r} exists and is a file, not a directory; "
+                                f"choose another --out")
+    owned = owned_files(dst)
+    if owned is None and any(dst.iterdir()) and not force:
+        raise OutputExistsError(
+            f"output {str(dst)!r} is a non-empty directory that is not a bundle vit-deploy wrote "
+            f"(no manifest of ours whose files match their hashes); choose another --out, or pass "
+            f"--force to write into it (its other files are kept)")
+    return owned
+
+
+# -- one writer ------------------------------------------------------------------------
+_held: dict[Path, int] = {}
 
 
 @contextlib.contextmanager
-def atomic_directory(dst: str | os.PathLike, *, force: bool = False) -> Iterator[Path]:
-    """Yield a temporary sibling directory; on success it replaces `dst` by rename.
+def writer_lock(dst: str | os.PathLike) -> Iterator[Path]:
+    """Hold the lock of directory `dst` (re-entrant within a process). The lock file sits
+    beside `dst`, is removed on release, and a lock taken on a file that was removed
+    meanwhile is retried."""
+    dst = Path(os.path.realpath(dst))
+    if dst in _held:
+        _held[dst] += 1
+        try:
+            yield dst
+        finally:
+            _held[dst] -= 1
+        return
+    import fcntl
 
-    On any exception (or a kill) `dst` is left as it was: absent, or the previous
-    complete directory. Leftover `.name.tmp-*` siblings are only ever partial work.
-    """
-    dst = Path(dst).absolute()
-    check_destination(dst, force=force)
+    lock = dst.parent / f".{dst.name}.lock"
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
-    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; a bundle is an ordinary directory
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise BusyError(f"{str(dst)!r} is being written by {holder}; run this again when "
+                            f"it has finished") from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the previous holder removed the file as we opened it: take a new one
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"vit-deploy (pid {os.getpid()})".encode(), 0)
+    _held[dst] = 1
     try:
-        yield tmp
-        _fsync_tree(tmp)
-        if dst.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old-", dir=dst.parent))
-            os.rename(dst, old / "x")
-            os.rename(tmp, dst)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, dst)
+        yield dst
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        del _held[dst]
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock)
+        os.close(fd)
 
 
+# -- the swap --------------------------------------------------------------------------
+@contextlib.contextmanager
+def atomic_directory(dst: str | os.PathLike, *, force: bool = False,
+                     source: str | os.PathLike | None = None) -> Iterator[Path]:
+    """Yield a staging directory; on success it becomes `dst` in one atomic exchange.
+
+    Entries of the old `dst` that it does not own (a user's notes, a calibration folder,
+    `.ort-cache`) are linked into the new version unless the new version writes the same
+    name (then, for a directory we own, that is refused without `force`). On any exception
+    or kill `dst` is left as it was.
+    """
+    with writer_lock(dst) as dst:
+        recover(dst)
+        owned = claim_destination(dst, force=force, source=source)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.tmp-", dir=dst.parent))
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; a bundle is an ordinary directory
+        try:
+            yield tmp
+            _step("staged")
+            if dst.is_dir():
+                _carry_over(dst, tmp, owned or set(), force=force)
+            _step("carried")
+            _fsync_tree(tmp)
+            _swap(tmp, dst)
+        finally:
+            if tmp.exists() and not _journal(dst).exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _carry_over(old: Path, new: Path, owned: set[str], *, force: bool) -> None:
+    """Link every entry of `old` that it does not own into `new` (directories recursively)."""
+    ours = {name.split("/")[0] for name in owned}
+    for entry in sorted(os.listdir(old)):
+        if entry in ours:
+            continue
+        src, dst = old / entry, new / entry
+        if os.path.lexists(dst):
+            if not force:
+                raise OutputExistsError(
+                    f"{str(src)!r} was not written by vit-deploy and the new version writes the "
+                    f"same name; move it away, or pass --force to replace it")
+            continue
+        if src.is_dir() and not src.is_symlink():
+            shutil.copytree(src, dst, symlinks=True, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(src, dst)
+
+
+def _swap(new: Path, dst: Path) -> None:
+    """Make `new` the directory at `dst`, journalled so a kill at any step is recoverable."""
+    if not os.path.lexists(dst):
+        os.rename(new, dst)
+        _step("renamed")
+        return
+    digest = _sha256(new / MANIFEST_NAME) if (new / MANIFEST_NAME).is_file() else ""
+    old = dst.parent / f".{dst.name}.old-{os.getpid()}"
+    exchange = _can_exchange()
+    record = {"staged": new.name, "manifest_sha256": digest,
+              "old": None if exchange else old.name}
+    _write_journal(dst, record)
+    _step("journalled")
+    if exchange and _exchange(new, dst):
+        _step("exchanged")
+        _finish(dst, new)  # `new` now holds the old version
+    else:
+        if exchange:  # this file system refused: fall back, and say so in the journal
+            record["old"] = old.name
+            _write_journal(dst, record)
+        os.rename(dst, old)
+        _step("moved-aside")
+        os.rename(new, dst)
+        _step("moved-in")
+        _finish(dst, old)
+
+
+def _finish(dst: Path, old: Path) -> None:
+    """After the swap: entries created in the old version meanwhile move over; it goes."""
+    _adopt_extras(old, dst)
+    _step("adopted")
+    shutil.rmtree(old, ignore_errors=True)
+    _step("removed-old")
+    _journal(dst).unlink(missing_ok=True)
+
+
+def recover(dst: Path) -> None:
+    """Finish or undo a swap that a killed writer left (call with the lock held), and
+    remove its partial staging directories."""
+    journal = _journal(dst)
+    if journal.exists():
+        try:
+            record = json.loads(journal.read_text())
+            staged = dst.parent / record["staged"]
+            old = dst.parent / record["old"] if record.get("old") else None
+            digest = record["manifest_sha256"]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise OutputExistsError(f"{str(journal)!r} is not a journal vit-deploy can read; "
+                                    f"look at it and remove it") from None
+        swapped = ((dst / MANIFEST_NAME).is_file() and digest
+                   and _sha256(dst / MANIFEST_NAME) == digest)
+        if old is None:  # exchange: `staged` holds the old version if the swap happened
+            if swapped:
+                _adopt_extras(staged, dst)
+            shutil.rmtree(staged, ignore_errors=True)
+        elif not os.path.lexists(dst) and old.is_dir():
+            os.rename(old, dst)  # killed between the two renames: the old version returns
+            shutil.rmtree(staged, ignore_errors=True)
+        else:
+            if old.is_dir():
+                if swapped:
+                    _adopt_extras(old, dst)
+                    shutil.rmtree(old, ignore_errors=True)
+                elif old.exists():
+                    raise OutputExistsError(f"an interrupted write left {str(old)!r} and "
+                                            f"{str(dst)!r}; neither was removed: compare them")
+            shutil.rmtree(staged, ignore_errors=True)
+        journal.unlink()
+    for leftover in dst.parent.glob(f".{dst.name}.tmp-*"):
+        shutil.rmtree(leftover, ignore_errors=True)  # staging of a writer that died (lock held)
+
+
+def _adopt_extras(old: Path, dst: Path) -> None:
+    """Entries in `old` that neither version owns and `dst` lacks (created by someone while
+    we wrote) are moved into `dst`."""
+    ours = {name.split("/")[0] for name in owned_files(old) or ()}
+    for entry in os.listdir(old):
+        if entry not in ours and not os.path.lexists(dst / entry):
+            os.rename(old / entry, dst / entry)
+
+
+def _journal(dst: Path) -> Path:
+    return dst.parent / f".{dst.name}.swap.json"
+
+
+def _write_journal(dst: Path, record: dict) -> None:
+    write_bytes_atomic(_journal(dst), json.dumps(record).encode())
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _can_exchange() -> bool:
+    return (os.environ.get("VIT_DEPLOY_NO_EXCHANGE") != "1"
+            and hasattr(_libc(), "renameat2"))
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2); False where unsupported."""
+    rc = _libc().renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b),
+                           _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+# -- files -----------------------------------------------------------------------------
 def write_bytes_atomic(dst: str | os.PathLike, data: bytes) -> Path:
     """Write a file through a temporary sibling and rename it into place."""
     dst = Path(dst)
@@ -80,6 +352,29 @@ def write_bytes_atomic(dst: str | os.PathLike, data: bytes) -> Path:
     return dst
 
 
+def _link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """A hard link (a multi-GB model is not copied), else a copy."""
+    Path(dst).parent.mkdir(parents=True, exist_ok=True)
+    if os.path.islink(src):
+        os.symlink(os.readlink(src), dst)
+        return
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+link_or_copy = _link_or_copy
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
 def _umask() -> int:
     """The process umask (read without changing it for long)."""
     mask = os.umask(0)
@@ -89,6 +384,6 @@ def _umask() -> int:
 
 def _fsync_tree(root: Path) -> None:
     for path in root.rglob("*"):
-        if path.is_file():
+        if path.is_file() and not path.is_symlink():
             with open(path, "rb") as f:
                 os.fsync(f.fileno())

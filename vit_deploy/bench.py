@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from vit_deploy.runtime.manifest import load_manifest
+from vit_deploy.runtime.manifest import dumps_strict, load_manifest
 from vit_deploy.runtime.providers import parse_providers, short_name
 from vit_deploy.runtime.session import RuntimeOptions, ViTSession
-from vit_deploy.sizes import check_input_size
+from vit_deploy.sizes import guard_memory
 
 TORCH = "torch"  # the baseline's provider label
 
@@ -102,7 +102,22 @@ class BenchReport:
                 "cases": [c.to_dict() for c in self.cases]}
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
+        return dumps_strict(self.to_dict())
+
+    def __rich__(self) -> Any:
+        from rich.console import Group
+        from rich.table import Table
+
+        env = self.environment
+        spinning = {None: "default", True: "on", False: "off"}[self.options.get("ort_spinning")]
+        table = Table(*TABLE_HEADER)
+        for row in format_table(self):
+            table.add_row(*row)
+        return Group(
+            f"{env.get('cpu')} ({env.get('cores')} cores; {', '.join(env.get('cpu_flags', []))})"
+            f"; GPU: {env.get('gpu') or 'none'}; onnxruntime {env.get('onnxruntime')}, torch "
+            f"{env.get('torch')}; {self.options.get('sessions')} session(s) per case, "
+            f"interleaved; ORT spinning {spinning}", table, *status_notes(self))
 
     def to_csv(self) -> str:
         rows = [c.to_dict() for c in self.cases]
@@ -122,24 +137,20 @@ def run_bench(bundle: str | Path, options: BenchOptions = BenchOptions(),
               progress: Callable[[int, int], None] | None = None) -> BenchReport:
     bundle = Path(bundle)
     manifest = load_manifest(bundle)
-    cfg = manifest["config"]
-    missing = [p for p in options.precisions if p not in manifest["models"]]
-    if missing:
-        raise ValueError(f"bundle has no {missing} model(s); it has {sorted(manifest['models'])} "
-                         f"(add them with vit-deploy quantize)")
+    cfg = manifest.config
+    manifest.require_models(options.precisions)
     providers = [p.name for p in parse_providers(list(options.providers))]
-    resolutions = options.resolutions or (tuple(manifest["preprocess"]["resolution"]),)
+    resolutions = options.resolutions or (manifest.deploy_resolution,)
     for hw in resolutions:
-        check_input_size(*hw, cfg["patch_size"])
-        if not manifest["io"]["dynamic"] and list(hw) != manifest["preprocess"]["resolution"]:
-            raise ValueError(f"this bundle is static at {manifest['preprocess']['resolution']}, "
-                             f"cannot bench {hw}")
+        manifest.require_size(hw)
+        for b in options.batches:
+            guard_memory(*hw, cfg, batch=b)
     groups = [(hw, b, t) for hw in resolutions for b in options.batches for t in options.threads]
     total = len(groups) * (options.runs if options.seconds is None else 1)
     done = 0
     cases: list[CaseResult] = []
     for hw, batch, threads in groups:
-        x = np.random.default_rng(0).standard_normal((batch, cfg["in_chans"], *hw), dtype=np.float32)
+        x = np.random.default_rng(0).standard_normal((batch, cfg.in_chans, *hw), dtype=np.float32)
         runners: list[tuple[CaseResult, list[Callable[[], Any]]]] = []
         if options.baseline_torch:
             runners.append(_torch_runner(bundle, x, batch, hw, threads, options))
@@ -182,7 +193,7 @@ def run_bench(bundle: str | Path, options: BenchOptions = BenchOptions(),
         del runners, live
     env = environment() | {"peak_rss_mb": round(rss_mb(peak=True), 1)}
     opts = asdict(options) | {"providers_resolved": [short_name(p) for p in providers],
-                              "patch_size": cfg["patch_size"],
+                              "patch_size": cfg.patch_size,
                               "ort_spinning": _spinning(options)}
     return BenchReport(str(bundle), env, opts, cases)
 
@@ -238,7 +249,10 @@ def _torch_runner(bundle: Path, x: np.ndarray, batch: int, hw, threads,
         case.status = "unavailable: PyTorch is not installed (pip install 'vit-deploy[export]')"
         return case, []
     manifest = load_manifest(bundle, verify=False)
-    weights = next(n for n, e in manifest["files"].items() if e.get("role") == "weights")
+    if manifest.weights_file is None:
+        case.status = "unavailable: the bundle holds no PyTorch weights"
+        return case, []
+    weights = manifest.weights_file
     rss0 = rss_mb()
     t0 = time.perf_counter()
     torch.set_num_threads(threads or (os.cpu_count() or 1))
@@ -411,6 +425,58 @@ def status_notes(report: BenchReport) -> list[str]:
         if ":" in c.status:
             notes[f"{c.requested}: {c.status}"] = None
     return list(notes)
+
+
+@dataclass
+class Comparison:
+    """Saved bench reports side by side: one row per case, one column per report."""
+
+    names: list[str]
+    reports: list[dict[str, Any]]
+
+    def rows(self) -> list[list[str]]:
+        keys: dict[tuple, dict[int, dict[str, Any]]] = {}
+        for i, rep in enumerate(self.reports):
+            for c in rep.get("cases", []):
+                key = (c["requested"], c["precision"], tuple(c["resolution"]), c["batch"],
+                       c["threads"])
+                keys.setdefault(key, {})[i] = c
+        rows = []
+        for (req, prec, res, batch, threads), by in keys.items():
+            cells = [f"{by[i]['p50_ms']:.2f} ({by[i]['provider']})"
+                     if i in by and by[i].get("p50_ms") is not None
+                     else (str(by[i].get("status", ""))[:30] if i in by else "-")
+                     for i in range(len(self.reports))]
+            rows.append([req, prec, f"{res[0]}x{res[1]}", str(batch), str(threads or "default"),
+                         *cells])
+        return rows
+
+    def __rich__(self) -> Any:
+        from rich.console import Group
+        from rich.table import Table
+
+        table = Table("asked", "precision", "res", "batch", "threads",
+                      *[f"{Path(n).stem}: p50 ms (ran on)" for n in self.names])
+        for row in self.rows():
+            table.add_row(*row)
+        envs = [f"{n}: {r.get('environment', {}).get('cpu')} / GPU "
+                f"{r.get('environment', {}).get('gpu') or 'none'} / onnxruntime "
+                f"{r.get('environment', {}).get('onnxruntime')}"
+                for n, r in zip(self.names, self.reports)]
+        return Group(*envs, table)
+
+
+def compare_reports(paths: Sequence[str | Path]) -> Comparison:
+    """`vit-deploy bench --compare a.json b.json`: reports from other runs or machines."""
+    reports = load_reports(paths)
+    for p, r in zip(paths, reports):
+        try:
+            for c in r["cases"]:
+                c["requested"], c["precision"], c["resolution"][1], c["batch"], c["threads"]
+        except (KeyError, TypeError, IndexError):
+            raise ValueError(f"{str(p)!r} is not a vit-deploy bench report (saved with "
+                             f"--json)") from None
+    return Comparison([str(p) for p in paths], reports)
 
 
 def load_reports(paths: Sequence[str | Path]) -> list[dict[str, Any]]:

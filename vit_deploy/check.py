@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from vit_deploy.contract import PRECISIONS
-from vit_deploy.parity import (Check, ParityReport, batch_independence, determinism,
-                               judge, sample_inputs)
-from vit_deploy.runtime.manifest import load_manifest
+from vit_deploy.parity import ParityReport, batch_independence, compare, determinism, sample_inputs
+from vit_deploy.progress import Progress, silent
+from vit_deploy.runtime.manifest import Manifest, dumps_strict, load_manifest
 from vit_deploy.runtime.providers import parse_providers, short_name
 from vit_deploy.runtime.session import RuntimeOptions, ViTSession
-from vit_deploy.sizes import check_input_size, format_resolution
+from vit_deploy.sizes import guard_memory
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,7 +44,18 @@ class CheckReport:
                 "require": self.require}
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
+        return dumps_strict(self.to_dict())
+
+    def __rich__(self) -> Any:
+        from rich.console import Group
+
+        lines: list[Any] = [f"{self.bundle} vs {self.reference}", self.parity]
+        for provider, why in self.unavailable.items():
+            lines.append(f"{provider}: not available here"
+                         f"{' (required)' if self.require else ''}: {why}")
+        failures = len(self.parity.failures) + (len(self.unavailable) if self.require else 0)
+        lines.append(f"check: {'PASS' if self else f'[red]FAIL ({failures} failing)[/]'}")
+        return Group(*lines)
 
     def to_markdown(self) -> str:
         lines = [f"# vit-deploy check: {self.bundle}", "",
@@ -69,33 +79,30 @@ class CheckReport:
 
 
 def run_check(bundle: str | Path, options: CheckOptions = CheckOptions(),
-              progress: Callable[[str], None] = lambda _: None) -> CheckReport:
+              progress: Progress = silent) -> CheckReport:
     """Raises BundleError for a bundle that does not verify, ImportError without torch."""
     bundle = Path(bundle)
     manifest = load_manifest(bundle)  # sizes and hashes checked here
-    reference = _torch_reference(bundle, manifest)
-    cfg = manifest["config"]
-    precisions = options.precisions or tuple(p for p in PRECISIONS if p in manifest["models"])
-    missing = [p for p in precisions if p not in manifest["models"]]
-    if missing:
-        raise ValueError(f"bundle has no {missing} model(s); it has {sorted(manifest['models'])}")
-    deploy, native = tuple(manifest["preprocess"]["resolution"]), tuple(cfg["img_size"])
-    if not manifest["io"]["dynamic"]:
-        native = deploy
-    resolutions = options.resolutions or tuple(dict.fromkeys([deploy, native]))
+    precisions = options.precisions or tuple(p for p in PRECISIONS if p in manifest.models)
+    manifest.require_models(precisions)
+    resolutions = options.resolutions or tuple(dict.fromkeys([manifest.deploy_resolution,
+                                                              manifest.native_resolution]))
     for hw in resolutions:
-        check_input_size(*hw, cfg["patch_size"])
-        if not manifest["io"]["dynamic"] and hw != deploy:
-            raise ValueError(f"this bundle is static at {format_resolution(deploy)}, cannot "
-                             f"check {format_resolution(hw)}")
-    inputs = {(hw, b): sample_inputs(hw, b, channels=cfg["in_chans"], seed=5)
-              for hw in resolutions for b in options.batches}
-    refs = {k: reference(x) for k, x in inputs.items()}
+        manifest.require_size(hw)
+    for b in options.batches:
+        guard_memory(*max(resolutions, key=lambda hw: hw[0] * hw[1]), manifest.config, batch=b)
+    progress("rebuilding the PyTorch reference from the bundle's weights")
+    reference = _torch_reference(bundle, manifest)
+    C = manifest.config.in_chans
+    inputs = [sample_inputs(hw, b, channels=C, seed=5)
+              for hw in resolutions for b in options.batches]
+    progress(f"running PyTorch on {len(inputs)} cases")
+    refs = [reference(x) for x in inputs]
     report = CheckReport(str(bundle), ParityReport(), require=options.require)
     for provider in [p.name for p in parse_providers(list(options.providers))]:
         alias = short_name(provider)
         for precision in precisions:
-            progress(f"{alias} {precision}")
+            progress(f"{alias} {precision}: creating the session")
             try:
                 session = ViTSession(bundle, provider=provider, precision=precision,
                                      options=RuntimeOptions(verify=False))  # verified above
@@ -104,31 +111,29 @@ def run_check(bundle: str | Path, options: CheckOptions = CheckOptions(),
                 continue
             with session:
                 ran = short_name(session.providers[0])
-                fallback = len(session.cpu_fallback_nodes())
-                for (hw, b), x in inputs.items():
-                    case = judge(refs[(hw, b)], session.run(x), resolution=hw, provider=ran,
-                                 precision=precision.split("-")[0])
-                    report.parity.cases.append(replace(case, precision=precision,
-                                                       fallback_nodes=fallback))
+                report.parity.cases += compare(
+                    session.run, refs, inputs, precision=precision, provider=ran,
+                    progress=progress, fallback_nodes=len(session.cpu_fallback_nodes()))
                 subject = f"{ran}:{precision}"
+                progress(f"{subject}: batch independence and determinism")
                 report.parity.checks.append(batch_independence(
-                    session.run, resolutions[0], subject=subject, channels=cfg["in_chans"]))
+                    session.run, resolutions[0], subject=subject, channels=C))
                 report.parity.checks.append(determinism(
-                    session.run, resolutions[0], subject=subject, channels=cfg["in_chans"]))
+                    session.run, resolutions[0], subject=subject, channels=C))
     return report
 
 
-def _torch_reference(bundle: Path, manifest: dict[str, Any]) -> Callable[[np.ndarray], np.ndarray]:
+def _torch_reference(bundle: Path, manifest: Manifest) -> Callable[[np.ndarray], np.ndarray]:
     try:
         from vit_deploy.export.checkpoints import load_model
         from vit_deploy.export.model import numpy_forward
     except ImportError:
         raise ImportError("vit-deploy check compares against PyTorch, which is not installed: "
                           "pip install 'vit-deploy[export]'") from None
-    weights = [n for n, e in manifest["files"].items() if e.get("role") == "weights"]
-    if not weights:
+    weights = manifest.weights_file
+    if weights is None:
         raise ValueError(f"bundle {str(bundle)!r} holds no PyTorch weights to compare against")
-    return numpy_forward(load_model(bundle / weights[0]))
+    return numpy_forward(load_model(manifest.resolve(bundle, weights)))
 
 
-__all__ = ["Check", "CheckOptions", "CheckReport", "run_check"]
+__all__ = ["CheckOptions", "CheckReport", "run_check"]

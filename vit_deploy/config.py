@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +62,9 @@ class ViTConfig:
         object.__setattr__(self, "img_size", _pair(self.img_size, "img_size"))
         object.__setattr__(self, "mean", tuple(float(v) for v in self.mean))
         object.__setattr__(self, "std", tuple(float(v) for v in self.std))
+        for name in ("patch_size", "heads"):  # the checks below divide by them
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         checks = [
             (self.pos_embed in POS_EMBED_KINDS,
              f"pos_embed must be one of {POS_EMBED_KINDS}, got {self.pos_embed!r}"),
@@ -130,14 +134,48 @@ class ViTConfig:
         if unknown:
             raise ValueError(f"unknown ViTConfig keys {unknown}; known keys: {sorted(known)}")
         d = dict(d)
-        for key in ("img_size", "mean", "std"):
-            if key in d:
-                d[key] = tuple(d[key])
+        for f in dataclasses.fields(cls):
+            if f.name in d:
+                d[f.name] = _typed(f.name, d[f.name], cls.__dataclass_fields__[f.name].default)
         return cls(**d)
 
     @classmethod
     def from_json(cls, text: str) -> ViTConfig:
         return cls.from_dict(json.loads(text))
+
+
+def _typed(name: str, value: Any, default: Any) -> Any:
+    """`value` if it has the type of the field's default (JSON lists become tuples), else a
+    ValueError naming the field: a config read from a file is checked, not trusted."""
+    def fail(expected: str) -> ValueError:
+        return ValueError(f"{name} must be {expected}, got {repr(value)[:40]}")
+
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**31
+
+    def is_float(v: Any) -> bool:
+        return (isinstance(v, (int, float)) and not isinstance(v, bool)
+                and math.isfinite(v) and abs(v) < 1e12)
+
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise fail("true or false")
+    elif isinstance(default, int) or name == "pos_prefix_tokens":
+        if not (is_int(value) or (value is None and default is None)):
+            raise fail("an integer" + (" or null" if default is None else ""))
+    elif isinstance(default, float):
+        if not is_float(value):
+            raise fail("a finite number")
+        value = float(value)
+    elif isinstance(default, str):
+        if not isinstance(value, str) or len(value) > 200:
+            raise fail("a string")
+    elif isinstance(default, tuple):
+        check = is_int if name == "img_size" else is_float
+        if not isinstance(value, (list, tuple)) or not all(check(v) for v in value):
+            raise fail("a list of " + ("integers" if name == "img_size" else "finite numbers"))
+        value = tuple(value)
+    return value
 
 
 def _pair(value: Any, what: str) -> tuple[int, int]:
@@ -180,3 +218,22 @@ def variant(name: str, /, **overrides: Any) -> ViTConfig:
     p = base.get("patch_size", 16)
     base.setdefault("name", f"{size}/{p}")
     return ViTConfig(**base)
+
+
+def config_from_flags(model: str, *, patch: int | None = None,
+                      native_res: tuple[int, int] | None = None, num_classes: int | None = None,
+                      pos_embed: str = "learned", pool: str = "cls") -> ViTConfig:
+    """The config the export command's flags describe. Flags that contradict each other
+    (`--model B/16 --patch 8`) are an error, never a silent choice."""
+    size, named_patch = parse_variant(model)
+    if patch is not None and named_patch is not None and patch != named_patch:
+        raise ValueError(f"--model {model} says patch {named_patch} and --patch says {patch}; "
+                         f"give one of them")
+    overrides: dict[str, Any] = dict(pos_embed=pos_embed, pool=pool, class_token=True)
+    if patch is not None or named_patch is not None:
+        overrides["patch_size"] = patch or named_patch
+    if native_res is not None:
+        overrides["img_size"] = native_res
+    if num_classes is not None:
+        overrides["num_classes"] = num_classes
+    return variant(size, **overrides)

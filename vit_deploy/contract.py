@@ -15,17 +15,41 @@ METADATA_LINEARS_KEY = "vit_deploy.linear_nodes"  # {module path: ONNX node name
 
 MANIFEST_NAME = "manifest.json"
 BUNDLE_FORMAT = "vit-deploy-bundle"
-BUNDLE_FORMAT_VERSION = 1
+# v2: the typed manifest (every preprocessing field and file role spelled out); v1 is read.
+BUNDLE_FORMAT_VERSION = 2
 MODEL_FILE = "model.onnx"
 WEIGHTS_FILE = "weights.safetensors"
+WEIGHTS_ROLE = "weights"
+LOCK_NAME = ".vit-deploy.lock"  # beside the bundle: two writers on one bundle take turns
+
+# Preprocessing rules the runtime implements (runtime/preprocess.py).
+RESIZE_RULES = ("shorter_side_center_crop", "patch_multiple")
+INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "lanczos")
 
 PRECISIONS = ("fp32", "fp16", "int8", "int8-static", "int4")  # int8 = dynamic
 PRECISION_FILES = {"fp32": MODEL_FILE, "fp16": "model.fp16.onnx", "int8": "model.int8.onnx",
                    "int8-static": "model.int8-static.onnx", "int4": "model.int4.onnx"}
 
+
+
+def model_role(precision: str) -> str:
+    """A model file's role in the manifest."""
+    return f"model:{precision}"
+
+
 # Tolerance policy, PyTorch fp32 as the reference (DESIGN.md).
 FP32_ABS_TOL = 1e-4  # scaled by max(1, max|ref|)
 COSINE_MIN = {"fp32": 0.99999, "fp16": 0.999, "int8": 0.99, "int4": 0.95}
+
+
+def tolerance_class(precision: str) -> str:
+    """The policy a precision is judged by: int8-static as int8 (the one mapping)."""
+    policy = precision.split("-")[0]
+    if policy not in COSINE_MIN:
+        raise ValueError(f"unknown precision {precision!r}; known: {list(PRECISIONS)}")
+    return policy
+
+
 # On the trained test model, quantised top-1 accuracy within this many points of fp32.
 ACCURACY_MAX_DROP = {"int8": 1.0, "int4": 1.0}
 # Batch independence: rows of untouched images may move only by float noise.

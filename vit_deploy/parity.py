@@ -6,13 +6,14 @@ shared by the exporter (torch reference) and by checks on a deployed bundle.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from vit_deploy.contract import COSINE_MIN, FP32_ABS_TOL, INDEPENDENCE_ABS_TOL
+from vit_deploy.contract import COSINE_MIN, FP32_ABS_TOL, INDEPENDENCE_ABS_TOL, tolerance_class
+from vit_deploy.progress import Progress, silent
 from vit_deploy.sizes import format_resolution
 
 Forward = Callable[[np.ndarray], np.ndarray]
@@ -41,7 +42,7 @@ class ParityCase:
 
 
 @dataclass(frozen=True)
-class Check:
+class Invariant:
     """A property check (batch independence, determinism): pass/fail with the number."""
 
     name: str
@@ -55,18 +56,37 @@ class Check:
 @dataclass
 class ParityReport:
     cases: list[ParityCase] = field(default_factory=list)
-    checks: list[Check] = field(default_factory=list)
+    checks: list[Invariant] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return all(c.passed for c in self.cases) and all(c.passed for c in self.checks)
 
     @property
-    def failures(self) -> list[ParityCase | Check]:
+    def failures(self) -> list[ParityCase | Invariant]:
         return [c for c in [*self.cases, *self.checks] if not c.passed]
 
     def to_dict(self) -> dict[str, Any]:
         return {"passed": bool(self), "cases": [asdict(c) | {"label": c.label} for c in self.cases],
                 "checks": [asdict(c) for c in self.checks]}
+
+    def __rich__(self) -> Any:
+        from rich.table import Table
+
+        table = Table("case", "provider (ran)", "precision", "max|Δ|", "tol", "max rel Δ",
+                      "cosine", "top-1", "CPU-fallback nodes", "result", title="parity",
+                      title_justify="left")
+        for c in self.cases:
+            table.add_row(c.label, c.provider, c.precision, f"{c.max_abs:.2e}",
+                          "-" if c.abs_tol is None else f"{c.abs_tol:.1e}", f"{c.max_rel:.2e}",
+                          f"{c.cosine:.7f}", f"{c.top1_agree:.0%}", str(c.fallback_nodes),
+                          "ok" if c.passed else "[red]FAIL[/]")
+        for k in self.checks:
+            table.add_row(k.name, k.subject, "", f"{k.value:.2e}", f"limit {k.limit:.1e}", "",
+                          "", "", "", "ok" if k.passed else "[red]FAIL[/]")
+        verdict = "PASS" if self else f"[red]FAIL ({len(self.failures)} failing)[/]"
+        from rich.console import Group
+
+        return Group(table, f"parity: {verdict}")
 
     def __str__(self) -> str:
         rows = [("case", "provider", "prec", "max|Δ|", "tol", "cosine", "top1", "result")]
@@ -110,14 +130,29 @@ def metrics(ref: np.ndarray, out: np.ndarray) -> dict[str, float]:
     }
 
 
+def compare(run: Forward, references: Sequence[np.ndarray], inputs: Sequence[np.ndarray], *,
+            precision: str = "fp32", provider: str, progress: Progress = silent,
+            fallback_nodes: int = 0) -> list[ParityCase]:
+    """The one parity comparison: `run` on each input against its reference output, judged
+    by the policy of `precision`'s tolerance class. Every case is kept, failing or not."""
+    if len(references) != len(inputs):
+        raise ValueError(f"{len(references)} references for {len(inputs)} inputs")
+    cases = []
+    for ref, x in zip(references, inputs):
+        hw = tuple(x.shape[2:])
+        progress(f"parity {precision} on {provider}: {format_resolution(hw)} b{len(x)}")
+        cases.append(replace(judge(ref, run(x), resolution=hw, provider=provider,
+                                   precision=precision), fallback_nodes=fallback_nodes))
+    return cases
+
+
 def judge(ref: np.ndarray, out: np.ndarray, *, resolution: tuple[int, int], provider: str,
           precision: str = "fp32") -> ParityCase:
     """Apply the tolerance policy of DESIGN.md to one comparison."""
-    if precision not in COSINE_MIN:
-        raise ValueError(f"unknown precision {precision!r}; known: {sorted(COSINE_MIN)}")
+    policy = tolerance_class(precision)
     m = metrics(ref, out)
-    abs_tol = FP32_ABS_TOL * max(1.0, m["ref_scale"]) if precision == "fp32" else None
-    cos_min = COSINE_MIN[precision]
+    abs_tol = FP32_ABS_TOL * max(1.0, m["ref_scale"]) if policy == "fp32" else None
+    cos_min = COSINE_MIN[policy]
     passed = m["cosine"] >= cos_min and (abs_tol is None or m["max_abs"] <= abs_tol)
     passed = passed and bool(np.isfinite(out).all())
     return ParityCase(resolution=tuple(resolution), batch=len(ref), provider=provider,
@@ -134,18 +169,18 @@ def sample_inputs(resolution: tuple[int, int], batch: int, *, channels: int = 3,
 
 
 def determinism(forward: Forward, resolution: tuple[int, int], *, subject: str, batch: int = 2,
-                channels: int = 3) -> Check:
+                channels: int = 3) -> Invariant:
     """The same input twice gives the same output."""
     x = sample_inputs(resolution, batch, channels=channels, seed=2)
     a, b = forward(x), forward(x.copy())
     moved = float(np.abs(a - b).max())
     limit = INDEPENDENCE_ABS_TOL * max(1.0, float(np.abs(a).max()))
-    return Check(name="determinism", subject=subject, passed=moved <= limit, value=moved,
+    return Invariant(name="determinism", subject=subject, passed=moved <= limit, value=moved,
                  limit=limit, detail=f"{format_resolution(resolution)} b{batch}, run twice")
 
 
 def batch_independence(forward: Forward, resolution: tuple[int, int], *, subject: str,
-                       batch: int = 3, channels: int = 3) -> Check:
+                       batch: int = 3, channels: int = 3) -> Invariant:
     """Change only the last image of a batch: no other image's output may move."""
     x = sample_inputs(resolution, batch, channels=channels, seed=1)
     x2 = x.copy()
@@ -155,6 +190,6 @@ def batch_independence(forward: Forward, resolution: tuple[int, int], *, subject
     scale = max(1.0, float(np.abs(a).max()))
     limit = INDEPENDENCE_ABS_TOL * scale
     changed = float(np.abs(a[-1] - b[-1]).max())
-    return Check(name="batch-independence", subject=subject, passed=moved <= limit, value=moved,
+    return Invariant(name="batch-independence", subject=subject, passed=moved <= limit, value=moved,
                  limit=limit, detail=f"{format_resolution(resolution)} b{batch}; the changed "
                                      f"image moved by {changed:.3g}")

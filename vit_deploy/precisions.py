@@ -6,7 +6,6 @@ checked against PyTorch under the fp32 policy.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -19,21 +18,17 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from vit_deploy.atomic import atomic_directory
-from vit_deploy.contract import (ACCURACY_MAX_DROP, MANIFEST_NAME, PRECISION_FILES, PRECISIONS)
+from vit_deploy.atomic import atomic_directory, link_or_copy, writer_lock
+from vit_deploy.contract import ACCURACY_MAX_DROP, PRECISION_FILES, PRECISIONS, model_role, tolerance_class
+from vit_deploy.parity import ParityReport, compare, sample_inputs
+from vit_deploy.progress import Progress, silent
 from vit_deploy.quantize import QuantOptions, quantisable_layers, quantize_model
-from vit_deploy.parity import ParityReport, judge, sample_inputs
-from vit_deploy.runtime.manifest import file_entry, load_manifest
+from vit_deploy.runtime.manifest import FileEntry, Manifest, load_manifest
 from vit_deploy.runtime.providers import captured_stderr
 from vit_deploy.runtime.session import ViTSession
 
-DIGITS_MODEL_NAME = "digits-vit"  # the trained test model: accuracy is measured on it
 EXPECTED_KERNEL = {"int8": "DynamicQuantizeMatMul", "int4": "MatMulNBits"}
-
-
-def policy_of(precision: str) -> str:
-    """Tolerance class of a precision: int8-static is judged as int8."""
-    return precision.split("-")[0]
+EVAL_SETS = ("digits",)  # labelled held-out sets shipped with the package
 
 
 @dataclass
@@ -59,30 +54,88 @@ class PrecisionOptions:
     quant: QuantOptions = QuantOptions()
     max_drop: float | None = None  # sensitivity budget (accuracy points, or 1 - cosine)
     force: bool = False  # write precisions that fail the policy
+    # A labelled held-out set to measure top-1 accuracy on ("digits": the trained test
+    # model's); None: judged by the logits alone.
+    eval_set: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.eval_set is not None and self.eval_set not in EVAL_SETS:
+            raise ValueError(f"evaluation set must be one of {list(EVAL_SETS)}, got "
+                             f"{self.eval_set!r}")
+
+
+@dataclass
+class PrecisionsReport:
+    """What `add_precisions` measured, against the bundle's fp32 model."""
+
+    results: list[PrecisionResult]
+    fp32_size: int
+    force: bool = False
+
+    @property
+    def failed(self) -> list[str]:
+        return [r.precision for r in self.results if not r.passed]
+
+    def __bool__(self) -> bool:
+        return not self.failed
+
+    def __iter__(self):
+        return iter(self.results)
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def __rich__(self) -> Any:
+        from rich.console import Group
+        from rich.filesize import decimal
+        from rich.table import Table
+
+        table = Table("precision", "file", "size", "cosine (min)", "max|Δ|", "accuracy",
+                      "result", title="precisions vs fp32", title_justify="left")
+        for r in self.results:
+            acc = r.accuracy
+            table.add_row(r.precision, r.file,
+                          f"{decimal(r.size)} ({r.size / max(1, self.fp32_size):.1%})",
+                          f"{min(c.cosine for c in r.parity.cases):.5f}",
+                          f"{max(c.max_abs for c in r.parity.cases):.2e}",
+                          f"{acc['top1']}% (fp32 {acc['fp32_top1']}%)" if acc else "-",
+                          "ok" if r.passed else ("FAIL, written (--force)" if self.force else
+                                                 "FAIL, not written"))
+        lines: list[Any] = [table]
+        for r in self.results:
+            lines += [f"{r.precision}: {note}" for note in r.notes]
+            if r.recipe.get("sensitivity"):
+                kept = [x["layer"] for x in r.recipe["sensitivity"]["ranking"]
+                        if x.get("kept_float")]
+                lines.append(f"{r.precision}: kept float by sensitivity: {kept or 'none'}")
+        if self.failed:
+            lines.append(f"[red]{', '.join(self.failed)} failed the tolerance policy"
+                         f"{' (written anyway: --force)' if self.force else ' and were not written'}[/]")
+        return Group(*lines)
 
 
 class Evaluator:
     """Measures a candidate model against the bundle's fp32 model."""
 
-    def __init__(self, bundle: Path, manifest: dict[str, Any]):
+    def __init__(self, bundle: Path, manifest: Manifest, *, eval_set: str | None = None):
         self.manifest = manifest
-        cfg = manifest["config"]
-        self.reference = bundle / manifest["models"]["fp32"]
-        P = cfg["patch_size"]
-        native = tuple(cfg["img_size"])
-        deploy = tuple(manifest["preprocess"]["resolution"])
-        if not manifest["io"]["dynamic"]:
+        cfg = manifest.config
+        self.reference = manifest.model_path(bundle, "fp32")
+        P = cfg.patch_size
+        native = cfg.img_size
+        deploy = manifest.deploy_resolution
+        if not manifest.io.dynamic:
             self.resolutions = [deploy]
         else:  # the native size and one other: the deploy size, else 1.5 × native
             other = deploy if deploy != native else (P * round(native[0] * 1.5 / P),
                                                      P * round(native[1] * 1.5 / P))
             self.resolutions = [native, other]
-        self.inputs = [sample_inputs(hw, 2, channels=cfg["in_chans"], seed=11)
+        self.inputs = [sample_inputs(hw, 2, channels=cfg.in_chans, seed=11)
                        for hw in self.resolutions]
         with ViTSession(self.reference) as s:
             self.refs = [s.run(x) for x in self.inputs]
         self.digits = None
-        if cfg.get("name") == DIGITS_MODEL_NAME:
+        if eval_set == "digits":
             from vit_deploy.data import load_digits_split, normalise
 
             split = load_digits_split()
@@ -92,10 +145,8 @@ class Evaluator:
 
     def parity(self, path: Path, precision: str) -> ParityReport:
         with ViTSession(path) as s:
-            cases = [judge(ref, s.run(x), resolution=hw, provider="cpu",
-                           precision=policy_of(precision))
-                     for hw, x, ref in zip(self.resolutions, self.inputs, self.refs)]
-        return ParityReport(cases=cases)
+            return ParityReport(cases=compare(s.run, self.refs, self.inputs,
+                                              precision=precision, provider="cpu"))
 
     def accuracy(self, path: Path) -> dict[str, float] | None:
         if self.digits is None:
@@ -120,10 +171,18 @@ class Evaluator:
 def add_precisions(bundle: str | Path, precisions: Sequence[str], *,
                    options: PrecisionOptions = PrecisionOptions(),
                    calibration: Sequence[np.ndarray] | None = None,
-                   log: Callable[[str], None] = lambda _: None) -> list[PrecisionResult]:
+                   progress: Progress = silent) -> PrecisionsReport:
     """Quantise the bundle's fp32 model into each precision, measure, and rewrite the bundle
-    atomically with those that pass (all of them with `force`)."""
-    bundle = Path(bundle)
+    atomically with those that pass (all of them with `force`). The bundle is locked from
+    the first read to the swap: a second writer fails instead of losing a precision."""
+    with writer_lock(bundle):
+        return _add_precisions(Path(bundle), precisions, options=options,
+                               calibration=calibration, log=progress)
+
+
+def _add_precisions(bundle: Path, precisions: Sequence[str], *, options: PrecisionOptions,
+                    calibration: Sequence[np.ndarray] | None,
+                    log: Progress) -> PrecisionsReport:
     manifest = load_manifest(bundle)
     unknown = [p for p in precisions if p not in PRECISIONS]
     if unknown:
@@ -132,7 +191,8 @@ def add_precisions(bundle: str | Path, precisions: Sequence[str], *,
     if "int8-static" in wanted and not calibration:
         raise ValueError("int8-static needs calibration images: --calib DIR "
                          "(or --calib digits for the trained test model)")
-    evaluator = Evaluator(bundle, manifest)
+    log("running the fp32 reference")
+    evaluator = Evaluator(bundle, manifest, eval_set=options.eval_set)
     results: list[PrecisionResult] = []
     with tempfile.TemporaryDirectory(dir=bundle.parent, prefix=f".{bundle.name}.q-") as tmp:
         for precision in wanted:
@@ -154,8 +214,10 @@ def add_precisions(bundle: str | Path, precisions: Sequence[str], *,
             log(f"{precision}: {'pass' if r.passed else 'FAIL'}; " + "; ".join(r.notes))
         keep = [r for r in results if r.passed or options.force]
         if keep:
+            log(f"writing {', '.join(r.precision for r in keep)} into {bundle}")
             _rewrite(bundle, manifest, keep, Path(tmp))
-    return results
+    return PrecisionsReport(results, manifest.files[manifest.model_file("fp32")].size,
+                            force=options.force)
 
 
 def choose_exclusions(evaluator: Evaluator, precision: str, quant: QuantOptions,
@@ -206,7 +268,7 @@ def _measure(evaluator: Evaluator, path: Path, precision: str,
     if not parity:
         notes.append("logits outside the tolerance policy: " + ", ".join(
             f"{c.label} cosine {c.cosine:.5f} < {c.cosine_min}" for c in parity.failures))
-    limit = ACCURACY_MAX_DROP.get(policy_of(precision))
+    limit = ACCURACY_MAX_DROP.get(tolerance_class(precision))
     if accuracy is not None and limit is not None and accuracy["drop"] > limit:
         passed = False
         notes.append(f"held-out accuracy {accuracy['top1']}% is {accuracy['drop']} points under "
@@ -248,33 +310,30 @@ def ort_kernels(path: Path) -> dict[str, Any]:
             "inserted_casts": max(0, ops.get("Cast", 0) - casts)}
 
 
-def _rewrite(bundle: Path, manifest: dict[str, Any], results: list[PrecisionResult],
+def _rewrite(bundle: Path, manifest: Manifest, results: list[PrecisionResult],
              staged: Path) -> None:
+    """The bundle with the new precisions, swapped in atomically. Only files the manifest
+    lists are ours to replace; everything else in the bundle is carried over."""
     with atomic_directory(bundle) as tmp:
-        for name in manifest["files"]:  # hard links: a multi-GB bundle is not copied
-            _link_or_copy(bundle / name, tmp / name)
-        precisions = dict(manifest.get("precisions", {}))
+        for name in manifest.files:
+            if name not in {r.file for r in results}:  # hard links: nothing is copied
+                link_or_copy(bundle / name, tmp / name)
         for r in results:
             shutil.move(str(staged / r.file), tmp / r.file)
-            manifest["models"][r.precision] = r.file
-            manifest["files"][r.file] = file_entry(tmp / r.file) | {"role": f"model:{r.precision}"}
-            precisions[r.precision] = r.to_dict()
-        manifest["precisions"] = precisions
-        (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+            manifest = manifest.with_precision(r.precision, r.file,
+                                               FileEntry.of(tmp / r.file, model_role(r.precision)),
+                                               r.to_dict())
+        manifest.save(tmp)
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
+def image_suffixes() -> set[str]:
+    """File suffixes Pillow can open here (its own registry)."""
+    from PIL import Image
+
+    return {ext for ext, fmt in Image.registered_extensions().items() if fmt in Image.OPEN}
 
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm")
-
-
-def calibration_batches(manifest: dict[str, Any], source: str | Path, *, limit: int = 64,
+def calibration_batches(manifest: Manifest, source: str | Path, *, limit: int = 64,
                         batch: int = 8) -> list[np.ndarray]:
     """Calibration inputs, preprocessed as the manifest says: a folder of images, or
     'digits' (the trained test model's training split, shipped with the package)."""
@@ -289,8 +348,10 @@ def calibration_batches(manifest: dict[str, Any], source: str | Path, *, limit: 
         folder = Path(source)
         if not folder.is_dir():
             raise ValueError(f"--calib must be a folder of images or 'digits', got {str(folder)!r}")
-        images = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)[:limit]
+        suffixes = image_suffixes()
+        images = sorted(p for p in folder.rglob("*") if p.suffix.lower() in suffixes)[:limit]
         if not images:
-            raise ValueError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {str(folder)!r}")
+            raise ValueError(f"no images (files Pillow opens: .png, .jpg, .webp, ...) in "
+                             f"{str(folder)!r}")
     x = np.stack([pre(image) for image in images])
     return [x[i:i + batch] for i in range(0, len(x), batch)]

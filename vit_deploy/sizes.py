@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import os
 import re
+from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:
+    from vit_deploy.config import ViTConfig
+
+MAX_SIDE = 16384  # pixels per side of any resolution we accept (flags, manifests, images)
 _RES_RE = re.compile(r"^\s*(\d+)\s*(?:[xX×]\s*(\d+)\s*)?$")
 
 
@@ -20,6 +25,8 @@ def parse_resolution(text: str | int) -> tuple[int, int]:
     w = int(m.group(2)) if m.group(2) is not None else h
     if h <= 0 or w <= 0:
         raise ValueError(f"resolution must be positive, got {text!r}")
+    if max(h, w) > MAX_SIDE:
+        raise ValueError(f"resolution sides must be at most {MAX_SIDE}, got {text!r}")
     return h, w
 
 
@@ -37,7 +44,7 @@ def nearest_valid_sizes(size: int, patch: int) -> tuple[int, ...]:
     return (lower, lower + patch)
 
 
-def check_input_size(height: int, width: int, patch: int) -> None:
+def require_patch_multiple(height: int, width: int, patch: int) -> None:
     """Raise ValueError unless both sides are positive multiples of the patch size."""
     for side, size in (("height", height), ("width", width)):
         if size < patch or size % patch:
@@ -48,7 +55,7 @@ def check_input_size(height: int, width: int, patch: int) -> None:
 
 
 def grid_of(height: int, width: int, patch: int) -> tuple[int, int]:
-    check_input_size(height, width, patch)
+    require_patch_multiple(height, width, patch)
     return height // patch, width // patch
 
 
@@ -56,12 +63,13 @@ class MemoryEstimateError(ValueError):
     """A resolution whose attention would not fit in this machine's memory."""
 
 
-def attention_bytes(height: int, width: int, *, patch: int, heads: int, width_dim: int,
-                    batch: int = 1, prefix: int = 1, dtype_bytes: int = 4) -> int:
+def attention_bytes(height: int, width: int, cfg: ViTConfig, *, batch: int = 1,
+                    dtype_bytes: int = 4) -> int:
     """Peak working memory of one encoder block: the attention scores and their softmax
-    (2 × heads × T²) plus the block's activations (≈ 8 × T × D), per image."""
-    tokens = (height // patch) * (width // patch) + prefix
-    return batch * dtype_bytes * (2 * heads * tokens * tokens + 8 * tokens * width_dim)
+    (2 × heads × T²) plus the block's activations (≈ 8 × T × D), per image. T counts every
+    token attention sees: the patches and all prefix tokens (class, distillation, registers)."""
+    tokens = (height // cfg.patch_size) * (width // cfg.patch_size) + cfg.num_prefix_tokens
+    return batch * dtype_bytes * (2 * cfg.heads * tokens * tokens + 8 * tokens * cfg.width)
 
 
 def available_memory() -> int | None:
@@ -79,15 +87,14 @@ def available_memory() -> int | None:
         return None
 
 
-def check_memory(height: int, width: int, *, patch: int, heads: int, width_dim: int,
-                 batch: int = 1, prefix: int = 1, fraction: float = 0.8) -> int:
+def guard_memory(height: int, width: int, cfg: ViTConfig, *, batch: int = 1,
+                 fraction: float = 0.8) -> int:
     """Refuse (MemoryEstimateError) a size whose estimate exceeds `fraction` of the
     available memory; returns the estimate in bytes."""
-    need = attention_bytes(height, width, patch=patch, heads=heads, width_dim=width_dim,
-                           batch=batch, prefix=prefix)
+    need = attention_bytes(height, width, cfg, batch=batch)
     have = available_memory()
     if have is not None and need > fraction * have:
-        tokens = (height // patch) * (width // patch) + prefix
+        tokens = (height // cfg.patch_size) * (width // cfg.patch_size) + cfg.num_prefix_tokens
         raise MemoryEstimateError(
             f"{height}x{width} (batch {batch}) means {tokens} tokens: attention needs about "
             f"{need / 2**30:.1f} GiB, and {have / 2**30:.1f} GiB are available; use a smaller "

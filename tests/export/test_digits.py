@@ -26,7 +26,8 @@ def digits_bundle(tmp_path_factory):
     manifest = load_manifest(out)
     results = add_precisions(out, ["fp16", "int8", "int8-static", "int4"],
                              calibration=calibration_batches(manifest, "digits"),
-                             options=PrecisionOptions(quant=QuantOptions(block_size=16)))
+                             options=PrecisionOptions(quant=QuantOptions(block_size=16),
+                                                      eval_set="digits"))
     return model, out, {r.precision: r for r in results}
 
 
@@ -46,14 +47,14 @@ def test_committed_weights_are_small_and_reach_the_recorded_accuracy():
 def test_every_precision_keeps_the_accuracy(digits_bundle):
     _, out, results = digits_bundle
     manifest = load_manifest(out)
-    assert set(manifest["models"]) == {"fp32", "fp16", "int8", "int8-static", "int4"}
+    assert set(manifest.models) == {"fp32", "fp16", "int8", "int8-static", "int4"}
     for precision, r in results.items():
         assert r.passed, (precision, r.notes)
         acc = r.accuracy
         assert acc["fp32_top1"] >= 95.0
         assert acc["drop"] <= 1.0, (precision, acc)  # DESIGN.md: within 1 point of fp32
         assert acc["agreement"] >= 97.0
-        assert manifest["precisions"][precision]["accuracy"] == acc
+        assert manifest.precisions[precision]["accuracy"] == acc
 
 
 def test_predict_reads_digit_images_from_disk(digits_bundle, tmp_path):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 import platform
 import time
 from dataclasses import dataclass, field
@@ -12,19 +11,23 @@ from pathlib import Path
 from typing import Any
 
 
+import numpy as np
+
 from vit_deploy.atomic import atomic_directory
-from vit_deploy.contract import (BATCH_DIM, BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, FEATURES_NAME,
-                                 HEIGHT_DIM, INPUT_NAME, LOGITS_NAME, MANIFEST_NAME, MODEL_FILE,
-                                 OPSET, WEIGHTS_FILE, WIDTH_DIM)
+from vit_deploy.contract import (BATCH_DIM, FEATURES_NAME,
+                                 HEIGHT_DIM, INPUT_NAME, LOGITS_NAME, MODEL_FILE, OPSET,
+                                 WEIGHTS_FILE, WEIGHTS_ROLE, WIDTH_DIM, model_role)
 from vit_deploy.export.checkpoints import save_weights
 from vit_deploy.export.onnx import ExportError, OnnxOptions, export_onnx, node_count
 from vit_deploy.export.simplify import simplify_onnx
+from vit_deploy.config import ViTConfig
 from vit_deploy.export.model import ViT, numpy_forward
-from vit_deploy.parity import ParityCase, ParityError, ParityReport, batch_independence, judge, sample_inputs
-from vit_deploy.runtime.manifest import file_entry
+from vit_deploy.parity import ParityError, ParityReport, batch_independence, compare, sample_inputs
+from vit_deploy.runtime.manifest import FileEntry, IOSpec, Manifest, PreprocessSpec, TensorSpec
 from vit_deploy.runtime.providers import short_name
 from vit_deploy.runtime.session import ViTSession
-from vit_deploy.sizes import check_input_size
+from vit_deploy.progress import Progress, silent
+from vit_deploy.sizes import format_resolution, guard_memory, require_patch_multiple
 
 PARITY_BATCHES = (1, 3)
 
@@ -38,12 +41,13 @@ class ExportOptions:
     features: bool = False  # also output the pooled features
     force: bool = False  # replace an output that is not a bundle
     labels: tuple[str, ...] | None = None  # class names, one per class, if known
+    allow_large: bool = False  # try sizes whose attention estimate exceeds available memory
 
 
 @dataclass
 class ExportResult:
     path: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     report: ParityReport
     seconds: float
     notes: list[str] = field(default_factory=list)
@@ -63,22 +67,42 @@ def parity_resolutions(model: ViT, resolution: tuple[int, int], static: bool) ->
     return out
 
 
-def export_bundle(model: ViT, out: str | Path, *, options: ExportOptions = ExportOptions()) -> ExportResult:
+def default_bundle_name(cfg: ViTConfig, resolution: tuple[int, int] | None = None) -> str:
+    """vit-B16-448: the variant without its slash, and the deploy resolution."""
+    hw = resolution or cfg.img_size
+    res = str(hw[0]) if hw[0] == hw[1] else format_resolution(hw)
+    return f"vit-{(cfg.name or 'model').replace('/', '')}-{res}"
+
+
+def validate_request(cfg: ViTConfig, options: ExportOptions) -> tuple[int, int]:
+    """The deploy resolution, after refusing what the export could not do: a size that is
+    not a patch multiple, labels that do not match the classes, parity batches whose
+    attention would not fit in memory (the parity runs the largest batch in PyTorch and
+    ONNX Runtime)."""
+    resolution = options.resolution or cfg.img_size
+    require_patch_multiple(*resolution, cfg.patch_size)
+    if options.labels is not None and len(options.labels) != cfg.num_classes:
+        raise ValueError(f"{len(options.labels)} labels given for {cfg.num_classes} classes")
+    if not options.allow_large:
+        guard_memory(*resolution, cfg, batch=max(PARITY_BATCHES))
+    return resolution
+
+
+def export_bundle(model: ViT, out: str | Path, *, options: ExportOptions = ExportOptions(),
+                  progress: Progress = silent) -> ExportResult:
     """Export, simplify, verify and write a bundle to `out`, atomically.
 
     Raises ParityError (with the full report) when any case fails; `out` is then
-    left as it was.
+    left as it was. `progress` hears each step as it starts.
     """
     start = time.perf_counter()
     cfg = model.cfg
-    resolution = options.resolution or cfg.img_size
-    check_input_size(*resolution, cfg.patch_size)
-    if options.labels is not None and len(options.labels) != cfg.num_classes:
-        raise ValueError(f"{len(options.labels)} labels given for {cfg.num_classes} classes")
+    resolution = validate_request(cfg, options)
     model = model.eval()
     notes: list[str] = []
     with atomic_directory(out, force=options.force) as tmp:
         raw = tmp / "model.raw.onnx"
+        progress(f"tracing {cfg.name or 'the model'} with torch.onnx.export (dynamo)")
         export_onnx(model, raw, options=OnnxOptions(
             opset=options.opset, features=options.features,
             static_resolution=resolution if options.static else None))
@@ -87,6 +111,7 @@ def export_bundle(model: ViT, out: str | Path, *, options: ExportOptions = Expor
                  for b in PARITY_BATCHES]
         inputs = {case: sample_inputs(case[0], case[1], channels=cfg.in_chans) for case in cases}
         forward = numpy_forward(model)
+        progress(f"running PyTorch on {len(inputs)} parity cases")
         refs = {case: forward(x) for case, x in inputs.items()}
 
         nodes_raw = node_count(raw)
@@ -96,6 +121,7 @@ def export_bundle(model: ViT, out: str | Path, *, options: ExportOptions = Expor
         if options.simplify:
             sim = tmp / "model.sim.onnx"
             try:
+                progress("simplifying with onnxsim")
                 simplify_onnx(raw, sim)
                 nodes_sim = node_count(sim)
                 simplify_info["nodes_after"] = nodes_sim
@@ -103,7 +129,7 @@ def export_bundle(model: ViT, out: str | Path, *, options: ExportOptions = Expor
                     notes.append(f"onnxsim result discarded: it grew the graph "
                                  f"{nodes_raw} -> {nodes_sim} nodes")
                 else:
-                    report = _verify(model, sim, inputs, refs)
+                    report = _verify(model, sim, inputs, refs, progress)
                     if report:
                         chosen, nodes = sim, nodes_sim
                         simplify_info["kept"] = True
@@ -113,7 +139,7 @@ def export_bundle(model: ViT, out: str | Path, *, options: ExportOptions = Expor
             except ExportError as e:
                 notes.append(f"onnxsim result discarded: {e}")
         if report is None:
-            report = _verify(model, raw, inputs, refs)
+            report = _verify(model, raw, inputs, refs, progress)
         if not report:
             raise ParityError(report)
 
@@ -121,24 +147,27 @@ def export_bundle(model: ViT, out: str | Path, *, options: ExportOptions = Expor
         chosen.rename(final)
         for leftover in (tmp / "model.raw.onnx", tmp / "model.sim.onnx"):
             leftover.unlink(missing_ok=True)
+        progress(f"writing the bundle to {out}")
         save_weights(model, tmp / WEIGHTS_FILE)
         seconds = time.perf_counter() - start
         manifest = build_manifest(model, tmp, options=options, resolution=resolution,
-                                  report=report, simplify_info=simplify_info, nodes=nodes,
-                                  timings={"export_s": round(export_seconds, 2),
-                                           "total_s": round(seconds, 2)}, notes=notes)
-        (tmp / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+                                  report=report, record={
+                                      "simplify": simplify_info, "nodes": nodes,
+                                      "export_s": round(export_seconds, 2),
+                                      "total_s": round(seconds, 2), "notes": notes})
+        manifest.save(tmp)
     return ExportResult(path=Path(out), manifest=manifest, report=report, seconds=seconds, notes=notes)
 
 
-def _verify(model: ViT, path: Path, inputs: dict, refs: dict) -> ParityReport:
+def _verify(model: ViT, path: Path, inputs: dict, refs: dict,
+            progress: Progress = silent) -> ParityReport:
     """ORT (CPU) against PyTorch on every case, and batch independence on both."""
     with ViTSession(path, provider="cpu") as session:
         provider = short_name(session.providers[0])
-        cases: list[ParityCase] = [
-            judge(refs[case], session.run(x), resolution=case[0], provider=provider)
-            for case, x in inputs.items()]
+        cases = compare(session.run, list(refs.values()), list(inputs.values()),
+                        precision="fp32", provider=provider, progress=progress)
         res = next(iter(inputs))[0]
+        progress("batch independence on PyTorch and ONNX Runtime")
         checks = [batch_independence(numpy_forward(model), res, subject="pytorch",
                                      channels=model.cfg.in_chans),
                   batch_independence(session.run, res, subject=f"onnxruntime:{provider}",
@@ -147,50 +176,31 @@ def _verify(model: ViT, path: Path, inputs: dict, refs: dict) -> ParityReport:
 
 
 def build_manifest(model: ViT, root: Path, *, options: ExportOptions, resolution: tuple[int, int],
-                   report: ParityReport, simplify_info: dict[str, Any], nodes: int,
-                   timings: dict[str, float],
-                   notes: list[str]) -> dict[str, Any]:
+                   report: ParityReport, record: dict[str, Any]) -> Manifest:
     cfg = model.cfg
-    labels = list(options.labels) if options.labels else None
     h_dim, w_dim = (resolution if options.static else (HEIGHT_DIM, WIDTH_DIM))
-    outputs = [{"name": LOGITS_NAME, "dtype": "float32", "shape": [BATCH_DIM, cfg.num_classes]}]
+    outputs = [TensorSpec(LOGITS_NAME, "float32", (BATCH_DIM, cfg.num_classes))]
     if not cfg.num_classes:  # a backbone without a head: its output is the pooled features
-        outputs = [{"name": FEATURES_NAME, "dtype": "float32", "shape": [BATCH_DIM, cfg.width]}]
+        outputs = [TensorSpec(FEATURES_NAME, "float32", (BATCH_DIM, cfg.width))]
     elif options.features:
-        outputs.append({"name": FEATURES_NAME, "dtype": "float32", "shape": [BATCH_DIM, cfg.width]})
-    return {
-        "format": BUNDLE_FORMAT,
-        "format_version": BUNDLE_FORMAT_VERSION,
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "config": cfg.to_dict(),
-        "preprocess": {
-            "resize": "shorter_side_center_crop",
-            "resolution": list(resolution),
-            "interpolation": "bicubic",
-            "mean": list(cfg.mean),
-            "std": list(cfg.std),
-            "scale": 1 / 255,
-            "color": "RGB",
-            "layout": "NCHW",
-        },
-        "io": {
-            "inputs": [{"name": INPUT_NAME, "dtype": "float32",
-                        "shape": [BATCH_DIM, cfg.in_chans, h_dim, w_dim]}],
-            "outputs": outputs,
-            "dynamic": not options.static,
-            "patch_size": cfg.patch_size,
-            "dim_rule": None if options.static else
-            f"{HEIGHT_DIM} and {WIDTH_DIM} are positive multiples of {cfg.patch_size}",
-        },
-        "labels": labels,
-        "models": {"fp32": MODEL_FILE},
-        "files": {name: file_entry(root / name) | {"role": role}
-                  for name, role in ((MODEL_FILE, "model:fp32"), (WEIGHTS_FILE, "weights"))},
-        "export": {"opset": options.opset, "static": options.static, "simplify": simplify_info,
-                   "nodes": nodes, **timings, "notes": notes},
-        "parity": report.to_dict(),
-        "versions": versions(),
-    }
+        outputs.append(TensorSpec(FEATURES_NAME, "float32", (BATCH_DIM, cfg.width)))
+    return Manifest(
+        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        config=cfg,
+        preprocess=PreprocessSpec(resolution=tuple(resolution), mean=cfg.mean, std=cfg.std),
+        io=IOSpec(inputs=(TensorSpec(INPUT_NAME, "float32",
+                                     (BATCH_DIM, cfg.in_chans, h_dim, w_dim)),),
+                  outputs=tuple(outputs), dynamic=not options.static, patch_size=cfg.patch_size,
+                  dim_rule=None if options.static else
+                  f"{HEIGHT_DIM} and {WIDTH_DIM} are positive multiples of {cfg.patch_size}"),
+        labels=tuple(options.labels) if options.labels else None,
+        models={"fp32": MODEL_FILE},
+        files={MODEL_FILE: FileEntry.of(root / MODEL_FILE, model_role("fp32")),
+               WEIGHTS_FILE: FileEntry.of(root / WEIGHTS_FILE, WEIGHTS_ROLE)},
+        export={"opset": options.opset, "static": options.static, **record},
+        parity=report.to_dict(),
+        versions=versions(),
+    )
 
 
 def versions() -> dict[str, str]:
@@ -204,3 +214,28 @@ def versions() -> dict[str, str]:
     return out
 
 
+
+
+def model_from_flags(model: str = "B", *, patch: int | None = None,
+                     native_res: tuple[int, int] | None = None, num_classes: int | None = None,
+                     pos_embed: str = "learned", pool: str = "cls", seed: int = 0,
+                     checkpoint: str | Path | None = None, source: str = "auto",
+                     heads: int | None = None) -> tuple[ViT, str | None]:
+    """(model, checkpoint format) as the export command's flags describe: a seeded random
+    model, or a checkpoint whose own config must not contradict a flag that was given."""
+    from vit_deploy.config import config_from_flags
+    from vit_deploy.export.checkpoints import CheckpointError, load_any
+    from vit_deploy.export.model import build_model
+
+    cfg = config_from_flags(model, patch=patch, native_res=native_res, num_classes=num_classes,
+                            pos_embed=pos_embed, pool=pool)
+    if checkpoint is None:
+        return build_model(cfg, seed=seed), None
+    vit, fmt = load_any(checkpoint, source=source, heads=heads, fallback_cfg=cfg)
+    for flag, given, loaded in (("--patch", patch, vit.cfg.patch_size),
+                                ("--num-classes", num_classes, vit.cfg.num_classes),
+                                ("--native-res", native_res, vit.cfg.img_size)):
+        if given is not None and tuple(np.atleast_1d(given)) != tuple(np.atleast_1d(loaded)):
+            raise CheckpointError(f"{flag} {given} contradicts the checkpoint, which has "
+                                  f"{loaded}; drop {flag} (resampling is not supported)")
+    return vit, fmt

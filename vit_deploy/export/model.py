@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vit_deploy.config import ViTConfig
-from vit_deploy.sizes import check_input_size
+from vit_deploy.sizes import require_patch_multiple
 
 
 def resample_pos_embed(table: torch.Tensor, grid_hw: tuple, *, mode: str = "bicubic",
@@ -189,7 +189,7 @@ class ViT(nn.Module):
         P = self.cfg.patch_size
         H, W = x.shape[-2:]
         if not torch.compiler.is_compiling():  # eager callers get a readable error
-            check_input_size(int(H), int(W), P)
+            require_patch_multiple(int(H), int(W), P)
         tokens = self.patch_embed(x)  # (B, N, D)
         pos_prefix, pos_cells = self.pos((H // P, W // P))  # (1, prefix, D), (1, N, D)
         tokens = tokens + pos_cells
@@ -221,7 +221,7 @@ class ViT(nn.Module):
 
     def frozen_at(self, height: int, width: int) -> ViT:
         """A copy whose position table is computed once for one input size (static export)."""
-        check_input_size(height, width, self.cfg.patch_size)
+        require_patch_multiple(height, width, self.cfg.patch_size)
         grid = (height // self.cfg.patch_size, width // self.cfg.patch_size)
         import copy
 

@@ -69,7 +69,7 @@ def export_onnx(model: ViT, dst: str | Path, *, options: OnnxOptions = OnnxOptio
         raise ExportError(f"torch.onnx.export failed for {cfg.name or 'model'}: {e}") from e
     proto = program.model_proto
     finalize(proto, config_json=cfg.to_json())
-    check(proto)
+    validate_onnx(proto)
     return write_bytes_atomic(dst, proto.SerializeToString())
 
 
@@ -120,7 +120,7 @@ def set_metadata(proto: onnx.ModelProto, props: dict[str, str]) -> None:
         proto.metadata_props.add(key=key, value=value)
 
 
-def check(proto: onnx.ModelProto) -> None:
+def validate_onnx(proto: onnx.ModelProto) -> None:
     """onnx checker and strict shape inference must pass on every model we write."""
     try:
         onnx.checker.check_model(proto)

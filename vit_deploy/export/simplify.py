@@ -9,7 +9,7 @@ import onnxsim
 
 from vit_deploy.atomic import write_bytes_atomic
 from vit_deploy.contract import IR_VERSION
-from vit_deploy.export.onnx import ExportError, check
+from vit_deploy.export.onnx import ExportError, validate_onnx
 
 
 def simplify_onnx(src: str | Path, dst: str | Path) -> Path:
@@ -31,7 +31,7 @@ def simplify_onnx(src: str | Path, dst: str | Path) -> Path:
     del simplified.metadata_props[:]
     simplified.metadata_props.extend(model.metadata_props)
     simplified.producer_name = model.producer_name
-    check(simplified)
+    validate_onnx(simplified)
     return write_bytes_atomic(dst, simplified.SerializeToString())
 
 

@@ -6,12 +6,12 @@
         top = s.predict(["cat.jpg"], top_k=5)
 """
 
-from vit_deploy.runtime.manifest import BundleError, load_manifest
+from vit_deploy.runtime.manifest import BundleError, Manifest, load_manifest
 from vit_deploy.runtime.preprocess import ImageError, Preprocess, load_image
 from vit_deploy.runtime.providers import ProviderError, available, parse_providers, probe
 from vit_deploy.runtime.session import (Classified, InputError, Prediction, RuntimeOptions,
                                         ViTSession, softmax)
 
-__all__ = ["BundleError", "Classified", "ImageError", "InputError", "Prediction", "Preprocess",
+__all__ = ["BundleError", "Classified", "ImageError", "InputError", "Manifest", "Prediction", "Preprocess",
            "ProviderError", "RuntimeOptions", "ViTSession", "available", "load_image",
            "load_manifest", "parse_providers", "probe", "softmax"]

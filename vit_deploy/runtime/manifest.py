@@ -1,15 +1,34 @@
-"""Reading and verifying a bundle's manifest (torch-free)."""
+"""The bundle manifest as one typed, validated value (torch-free).
+
+Written by the exporter and by every command that adds to a bundle, read by everything
+else through its fields and methods. `Manifest.from_dict` validates types *and* values
+(finite mean / std above a floor, sane resolutions, labels matching the classes, file
+names that stay inside the bundle, bounded nesting) and reads every format version up to
+ours: v1 (before the typed manifest) left some preprocessing fields and file roles
+implicit; they are filled with what v1 always meant.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-from pathlib import Path
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-from vit_deploy.contract import BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, MANIFEST_NAME
+from vit_deploy.config import ViTConfig
+from vit_deploy.contract import (BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, INTERPOLATIONS,
+                                 MANIFEST_NAME, RESIZE_RULES, WEIGHTS_ROLE, model_role)
+from vit_deploy.sizes import MAX_SIDE, format_resolution
 
-REQUIRED_KEYS = ("format", "format_version", "config", "preprocess", "io", "files", "models")
+MAX_MANIFEST_BYTES = 16 * 2**20  # ours are ~10 KB; a manifest is read whole before parsing
+MAX_DEPTH = 16  # nesting of the JSON; ours is 6 deep
+MIN_STD = 1e-6  # a smaller std multiplies pixels by > 1e6: a broken or hostile manifest
+_PRECISION_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
 
 
 class BundleError(ValueError):
@@ -24,113 +43,449 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def file_entry(path: Path) -> dict[str, Any]:
-    return {"sha256": sha256_file(path), "size": path.stat().st_size}
+# -- the parts -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of the bundle: its hash, size and what it is (`model:int8`, `weights`)."""
+
+    sha256: str
+    size: int
+    role: str = ""
+
+    @classmethod
+    def of(cls, path: Path, role: str) -> FileEntry:
+        return cls(sha256=sha256_file(path), size=path.stat().st_size, role=role)
 
 
-def load_manifest(bundle: str | Path, *, verify: bool = True) -> dict[str, Any]:
-    """Parse `bundle/manifest.json`; with `verify`, check every listed file's size and sha256."""
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str
+    shape: tuple[int | str, ...]  # symbolic dims are names
+
+
+@dataclass(frozen=True, kw_only=True)
+class IOSpec:
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    dynamic: bool
+    patch_size: int
+    dim_rule: str | None = None
+
+    @property
+    def output_names(self) -> list[str]:
+        return [o.name for o in self.outputs]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreprocessSpec:
+    """How images become model input (runtime/preprocess.py does what this says)."""
+
+    resolution: tuple[int, int]  # deploy (H, W)
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    resize: str = "shorter_side_center_crop"
+    interpolation: str = "bicubic"
+    scale: float = 1 / 255
+    color: str = "RGB"
+    layout: str = "NCHW"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    config: ViTConfig
+    preprocess: PreprocessSpec
+    io: IOSpec
+    models: Mapping[str, str]  # precision -> file
+    files: Mapping[str, FileEntry]  # every file the bundle owns
+    labels: tuple[str, ...] | None = None
+    created: str = ""
+    # Records: what the export and each precision measured (free-form JSON objects that
+    # the tools write and display; the runtime decides nothing from them but `recipe.kind`).
+    export: Mapping[str, Any] = field(default_factory=dict)
+    parity: Mapping[str, Any] = field(default_factory=dict)
+    precisions: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    versions: Mapping[str, str] = field(default_factory=dict)
+    format_version: int = BUNDLE_FORMAT_VERSION
+
+    # -- the questions callers ask -----------------------------------------------------
+    @property
+    def deploy_resolution(self) -> tuple[int, int]:
+        return self.preprocess.resolution
+
+    @property
+    def native_resolution(self) -> tuple[int, int]:
+        """The position table's grid × patch; a static bundle's only size is its deploy one."""
+        return self.config.img_size if self.io.dynamic else self.deploy_resolution
+
+    @property
+    def weights_file(self) -> str | None:
+        """The PyTorch weights the bundle was exported from (for `check`), if it has them."""
+        return next((n for n, e in self.files.items() if e.role == WEIGHTS_ROLE), None)
+
+    def model_file(self, precision: str) -> str:
+        if precision not in self.models:
+            raise BundleError(f"bundle has no {precision!r} model; it has {sorted(self.models)}"
+                              + ("" if precision == "fp32" else
+                                 f" (add it with vit-deploy quantize --precision {precision})"))
+        return self.models[precision]
+
+    def require_models(self, precisions: Iterable[str]) -> None:
+        for precision in precisions:
+            self.model_file(precision)
+
+    def resolve(self, root: str | Path, name: str) -> Path:
+        """`root/name`, refused if it leaves the bundle (a symlink included)."""
+        base = Path(root).resolve()
+        path = (base / name).resolve()
+        if base not in path.parents:
+            raise BundleError(f"manifest lists {name!r}, which lies outside the bundle")
+        return path
+
+    def model_path(self, root: str | Path, precision: str) -> Path:
+        return self.resolve(root, self.model_file(precision))
+
+    def allows(self, hw: tuple[int, int]) -> bool:
+        P = self.io.patch_size
+        if not self.io.dynamic:
+            return tuple(hw) == self.deploy_resolution
+        return all(s >= P and s % P == 0 for s in hw)
+
+    def require_size(self, hw: tuple[int, int]) -> None:
+        """ValueError unless the bundle's graphs take `hw` (static bundles: one size)."""
+        if not self.io.dynamic and tuple(hw) != self.deploy_resolution:
+            raise ValueError(f"this bundle is static at {format_resolution(self.deploy_resolution)}"
+                             f", cannot run {format_resolution(tuple(hw))}")
+        from vit_deploy.sizes import require_patch_multiple
+
+        require_patch_multiple(*hw, self.io.patch_size)
+
+    def recipe(self, precision: str) -> Mapping[str, Any]:
+        record = self.precisions.get(precision, {})
+        recipe = record.get("recipe") if isinstance(record, Mapping) else None
+        return recipe if isinstance(recipe, Mapping) else {}
+
+    def batch_coupled(self, precision: str) -> bool:
+        """Whether the precision quantises activations per batch (dynamic int8)."""
+        return self.recipe(precision).get("kind") == "dynamic"
+
+    def owned_files(self) -> list[str]:
+        """Every file the bundle wrote: the listed ones and the manifest itself."""
+        return [*self.files, MANIFEST_NAME]
+
+    # -- changes -----------------------------------------------------------------------
+    def with_precision(self, precision: str, file: str, entry: FileEntry,
+                       record: Mapping[str, Any]) -> Manifest:
+        return dataclasses.replace(
+            self, models={**self.models, precision: file}, files={**self.files, file: entry},
+            precisions={**self.precisions, precision: dict(record)},
+            format_version=BUNDLE_FORMAT_VERSION)
+
+    # -- JSON --------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": BUNDLE_FORMAT,
+            "format_version": self.format_version,
+            "created": self.created,
+            "config": self.config.to_dict(),
+            "preprocess": _plain(dataclasses.asdict(self.preprocess)),
+            "io": _plain(dataclasses.asdict(self.io)),
+            "labels": list(self.labels) if self.labels is not None else None,
+            "models": dict(self.models),
+            "files": {n: dataclasses.asdict(e) for n, e in self.files.items()},
+            "export": _plain(self.export),
+            "parity": _plain(self.parity),
+            "precisions": _plain(self.precisions),
+            "versions": dict(self.versions),
+        }
+
+    def to_json(self) -> str:
+        return dumps_strict(self.to_dict()) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, where: str = "manifest") -> Manifest:
+        try:
+            data = json.loads(text, parse_constant=_reject_constant)
+        except RecursionError:
+            raise BundleError(f"{where}: JSON nested too deeply") from None
+        except (json.JSONDecodeError, ValueError) as e:
+            raise BundleError(f"{where} is not valid JSON: {e}") from None
+        return cls.from_dict(data, where)
+
+    @classmethod
+    def from_dict(cls, m: Any, where: str = "manifest") -> Manifest:
+        if not isinstance(m, dict):
+            raise BundleError(f"{where} must hold a JSON object, got {type(m).__name__}")
+        if _depth(m) > MAX_DEPTH:
+            raise BundleError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels")
+        missing = [k for k in ("format", "format_version", "config", "preprocess", "io",
+                               "files", "models") if k not in m]
+        if missing:
+            raise BundleError(f"{where} misses keys {missing}")
+        version = m["format_version"]
+        if (m["format"] != BUNDLE_FORMAT or not _is_int(version, 1)
+                or version > BUNDLE_FORMAT_VERSION):
+            raise BundleError(f"{where} has format {str(m['format'])[:40]!r} v{str(version)[:10]}; "
+                              f"this version reads {BUNDLE_FORMAT!r} up to v{BUNDLE_FORMAT_VERSION}")
+        for key in ("config", "preprocess", "io", "files", "models"):
+            _need(isinstance(m[key], dict), where, key, "an object", m[key])
+        for key in ("export", "parity", "precisions", "versions"):
+            _need(isinstance(m.get(key, {}), dict), where, key, "an object", m.get(key))
+        try:
+            config = ViTConfig.from_dict(m["config"])
+        except (TypeError, ValueError) as e:
+            raise BundleError(f"{where}: config.{e}") from None
+        files = _files(m["files"], where)
+        io = _io(m["io"], config, where)
+        preprocess = _preprocess(m["preprocess"], config, io, where)
+        models = m["models"]
+        for precision, name in models.items():
+            _need(isinstance(precision, str) and bool(_PRECISION_NAME.match(precision)), where,
+                  "models", "precision names like int8-static", precision)
+            _need(isinstance(name, str) and name in files, where, f"models[{precision!r}]",
+                  "a file listed under files", name)
+        _need("fp32" in models, where, "models", "an object with an fp32 model", models)
+        labels = m.get("labels")
+        classes = io.outputs[0].shape[-1] if config.num_classes else None
+        _need(labels is None or (isinstance(labels, list) and len(labels) == classes and all(
+            isinstance(x, str) and len(x) <= 1000 for x in labels)), where, "labels",
+            f"null or {classes} strings (one per output of the model)", labels)
+        for precision, record in m.get("precisions", {}).items():
+            _need(isinstance(record, dict), where, f"precisions[{precision!r}]", "an object",
+                  record)
+        _need(all(isinstance(v, str) for v in m.get("versions", {}).values()), where,
+              "versions", "an object of strings", m.get("versions"))
+        created = m.get("created", "")
+        _need(isinstance(created, str), where, "created", "a string", created)
+        return cls(config=config, preprocess=preprocess, io=io, models=dict(models),
+                   files=files, labels=tuple(labels) if labels is not None else None,
+                   created=created, export=m.get("export", {}), parity=m.get("parity", {}),
+                   precisions=m.get("precisions", {}), versions=m.get("versions", {}),
+                   format_version=version)
+
+    # -- files -------------------------------------------------------------------------
+    def verify_files(self, root: str | Path) -> None:
+        """Every listed file is inside the bundle, present, of its size and sha256."""
+        root = Path(root)
+        for name, entry in self.files.items():
+            path = self.resolve(root, name)
+            if not path.is_file():
+                raise BundleError(f"bundle file {name!r} is missing from {str(root)!r}")
+            size = path.stat().st_size
+            if size != entry.size:
+                raise BundleError(f"bundle file {name!r} has {size} bytes, the manifest says "
+                                  f"{entry.size} (truncated or replaced)")
+            digest = sha256_file(path)
+            if digest != entry.sha256:
+                raise BundleError(f"bundle file {name!r} has sha256 {digest[:16]}…, the manifest "
+                                  f"says {entry.sha256[:16]}… (modified after export)")
+
+    def save(self, root: str | Path) -> Path:
+        from vit_deploy.atomic import write_bytes_atomic
+
+        return write_bytes_atomic(Path(root) / MANIFEST_NAME, self.to_json().encode())
+
+    def summary(self, path: str | Path) -> BundleSummary:
+        return BundleSummary(self, str(path))
+
+
+def load_manifest(bundle: str | Path, *, verify: bool = True) -> Manifest:
+    """Read `bundle/manifest.json`; with `verify`, check every listed file's size and sha256."""
     root = Path(bundle)
     path = root / MANIFEST_NAME
     if not root.is_dir():
         raise BundleError(f"bundle {str(root)!r} is not a directory")
     if not path.is_file():
         raise BundleError(f"{str(path)!r} is missing: {str(root)!r} is not a vit-deploy bundle")
+    if path.stat().st_size > MAX_MANIFEST_BYTES:
+        raise BundleError(f"{str(path)!r} has {path.stat().st_size} bytes, over the "
+                          f"{MAX_MANIFEST_BYTES}-byte limit for a manifest")
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
         raise BundleError(f"{str(path)!r} is not valid JSON: {e}") from None
-    if not isinstance(manifest, dict):
-        raise BundleError(f"{str(path)!r} must hold a JSON object, got {type(manifest).__name__}")
-    missing = [k for k in REQUIRED_KEYS if k not in manifest]
-    if missing:
-        raise BundleError(f"{str(path)!r} misses keys {missing}")
-    version = manifest["format_version"]
-    if (manifest["format"] != BUNDLE_FORMAT or not isinstance(version, int)
-            or isinstance(version, bool) or version > BUNDLE_FORMAT_VERSION):
-        raise BundleError(
-            f"{str(path)!r} has format {manifest['format']!r} v{version!r}; "
-            f"this version reads {BUNDLE_FORMAT!r} up to v{BUNDLE_FORMAT_VERSION}")
-    validate(manifest, str(path))
+    manifest = Manifest.from_json(text, repr(str(path)))
     if verify:
-        verify_files(root, manifest)
+        manifest.verify_files(root)
     return manifest
 
 
-def _fail(where: str, field: str, expected: str, got: Any) -> BundleError:
-    shown = repr(got)
-    return BundleError(f"{where}: {field} must be {expected}, got {shown[:60]}")
+# -- validation helpers ----------------------------------------------------------------
+def _need(ok: bool, where: str, field_: str, expected: str, got: Any) -> None:
+    if not ok:
+        raise BundleError(f"{where}: {field_} must be {expected}, got {repr(got)[:60]}")
 
 
-def _is_int(v: Any, low: int = 0) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+def _is_int(v: Any, low: int = 0, high: int | None = None) -> bool:
+    return (isinstance(v, int) and not isinstance(v, bool) and v >= low
+            and (high is None or v <= high))
 
 
-def validate(m: dict[str, Any], where: str = "manifest") -> None:
-    """Check the structure the runtime relies on; a BundleError names the bad field."""
-    for key, kind in (("config", dict), ("preprocess", dict), ("io", dict), ("files", dict),
-                      ("models", dict)):
-        if not isinstance(m[key], kind):
-            raise _fail(where, key, "an object", m[key])
-    cfg, pre, io, files = m["config"], m["preprocess"], m["io"], m["files"]
-    for key in ("patch_size", "in_chans", "heads", "width"):
-        if not _is_int(cfg.get(key), 1):
-            raise _fail(where, f"config.{key}", "a positive integer", cfg.get(key))
-    if not _is_int(cfg.get("num_classes"), 0):
-        raise _fail(where, "config.num_classes", "an integer >= 0", cfg.get("num_classes"))
-    res = pre.get("resolution")
-    if not (isinstance(res, list) and len(res) == 2 and all(_is_int(v, 1) for v in res)):
-        raise _fail(where, "preprocess.resolution", "[height, width] positive integers", res)
-    for key in ("mean", "std"):
-        v = pre.get(key)
-        if not (isinstance(v, list) and len(v) == cfg["in_chans"]
-                and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)):
-            raise _fail(where, f"preprocess.{key}", f"{cfg['in_chans']} numbers", v)
-    if not all(isinstance(x, (int, float)) and x > 0 for x in pre["std"]):
-        raise _fail(where, "preprocess.std", "positive numbers", pre["std"])
-    if not _is_int(io.get("patch_size"), 1) or not isinstance(io.get("dynamic"), bool):
-        raise _fail(where, "io", "an object with patch_size and dynamic", io)
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _files(files: dict[str, Any], where: str) -> dict[str, FileEntry]:
+    out = {}
+    for name, entry in files.items():
+        _need(_safe_name(name), where, "files", "relative names inside the bundle", name)
+        _need(isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
+              and bool(re.fullmatch(r"[0-9a-f]{64}", entry["sha256"]))
+              and _is_int(entry.get("size")) and isinstance(entry.get("role", ""), str),
+              where, f"files[{name!r}]", "{sha256: 64 hex chars, size: bytes, role}", entry)
+        out[name] = FileEntry(entry["sha256"], entry["size"], entry.get("role", ""))
+    return out
+
+
+def _safe_name(name: Any) -> bool:
+    if not isinstance(name, str) or not name or "\\" in name or "\0" in name:
+        return False
+    p = PurePosixPath(name)
+    return not p.is_absolute() and ".." not in p.parts and name != MANIFEST_NAME
+
+
+def _io(io: dict[str, Any], config: ViTConfig, where: str) -> IOSpec:
+    _need(_is_int(io.get("patch_size"), 1) and isinstance(io.get("dynamic"), bool), where, "io",
+          "an object with patch_size and dynamic", io)
+    _need(io["patch_size"] == config.patch_size, where, "io.patch_size",
+          f"the config's patch size {config.patch_size}", io["patch_size"])
+    specs = {}
     for key in ("inputs", "outputs"):
         items = io.get(key)
-        if not (isinstance(items, list) and items and all(
-                isinstance(i, dict) and isinstance(i.get("name"), str)
-                and isinstance(i.get("shape"), list) for i in items)):
-            raise _fail(where, f"io.{key}", "a non-empty list of {name, shape, dtype}", items)
-    for key in ("export", "parity", "precisions", "versions"):
-        if key in m and not isinstance(m[key], dict):
-            raise _fail(where, key, "an object", m[key])
-    for key in ("resize", "interpolation"):
-        if key in pre and not isinstance(pre[key], str):
-            raise _fail(where, f"preprocess.{key}", "a string", pre[key])
-    if not isinstance(cfg.get("img_size"), list) or len(cfg["img_size"]) != 2 or not all(
-            _is_int(v, 1) for v in cfg["img_size"]):
-        raise _fail(where, "config.img_size", "[height, width] positive integers",
-                    cfg.get("img_size"))
-    for name, entry in files.items():
-        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
-                and len(entry["sha256"]) == 64 and _is_int(entry.get("size"))):
-            raise _fail(where, f"files[{name!r}]", "{sha256: 64 hex chars, size: bytes}", entry)
-    for precision, name in m["models"].items():
-        if not isinstance(name, str) or name not in files:
-            raise _fail(where, f"models[{precision!r}]", "a file listed under files", name)
-    labels = m.get("labels")
-    if labels is not None and not (isinstance(labels, list) and len(labels) == cfg["num_classes"]
-                                   and all(isinstance(x, str) for x in labels)):
-        raise _fail(where, "labels", f"null or {cfg['num_classes']} strings", labels)
+        _need(isinstance(items, list) and bool(items) and all(
+            isinstance(i, dict) and isinstance(i.get("name"), str)
+            and isinstance(i.get("shape"), list) and all(
+                _is_int(d, 1) or isinstance(d, str) for d in i["shape"]) for i in items),
+            where, f"io.{key}", "a non-empty list of {name, shape, dtype}", items)
+        specs[key] = tuple(TensorSpec(i["name"], str(i.get("dtype", "float32")), tuple(i["shape"]))
+                           for i in items)
+    shape = specs["inputs"][0].shape
+    _need(len(shape) == 4 and shape[1] == config.in_chans, where, "io.inputs[0].shape",
+          f"[batch, {config.in_chans}, height, width]", list(shape))
+    rule = io.get("dim_rule")
+    _need(rule is None or isinstance(rule, str), where, "io.dim_rule", "a string", rule)
+    return IOSpec(inputs=specs["inputs"], outputs=specs["outputs"], dynamic=io["dynamic"],
+                  patch_size=io["patch_size"], dim_rule=rule)
 
 
-def verify_files(root: Path, manifest: dict[str, Any]) -> None:
-    for name, entry in manifest["files"].items():
-        path = (root / name).resolve()
-        if root.resolve() not in path.parents:
-            raise BundleError(f"manifest lists {name!r}, which lies outside the bundle")
-        if not path.is_file():
-            raise BundleError(f"bundle file {name!r} is missing from {str(root)!r}")
-        size = path.stat().st_size
-        if size != entry["size"]:
-            raise BundleError(f"bundle file {name!r} has {size} bytes, the manifest says "
-                              f"{entry['size']} (truncated or replaced)")
-        digest = sha256_file(path)
-        if digest != entry["sha256"]:
-            raise BundleError(f"bundle file {name!r} has sha256 {digest[:16]}…, the manifest "
-                              f"says {entry['sha256'][:16]}… (modified after export)")
+def _preprocess(pre: dict[str, Any], config: ViTConfig, io: IOSpec, where: str) -> PreprocessSpec:
+    res = pre.get("resolution")
+    P = config.patch_size
+    _need(isinstance(res, list) and len(res) == 2 and all(_is_int(v, P, MAX_SIDE) for v in res)
+          and all(v % P == 0 for v in res), where, "preprocess.resolution",
+          f"[height, width], multiples of the patch size {P} up to {MAX_SIDE}", res)
+    if not io.dynamic:
+        _need(list(io.inputs[0].shape[2:]) == res, where, "preprocess.resolution",
+              f"the static input size {list(io.inputs[0].shape[2:])}", res)
+    C = config.in_chans
+    for key in ("mean", "std"):
+        v = pre.get(key)
+        _need(isinstance(v, list) and len(v) == C and all(_is_number(x) for x in v), where,
+              f"preprocess.{key}", f"{C} finite numbers", v)
+    _need(all(x >= MIN_STD for x in pre["std"]), where, "preprocess.std",
+          f"numbers >= {MIN_STD}", pre["std"])
+    fields: dict[str, Any] = {"resolution": tuple(res), "mean": tuple(map(float, pre["mean"])),
+                              "std": tuple(map(float, pre["std"]))}
+    for key, allowed in (("resize", RESIZE_RULES), ("interpolation", INTERPOLATIONS),
+                         ("color", ("RGB",)), ("layout", ("NCHW",))):
+        if key in pre:
+            _need(pre[key] in allowed, where, f"preprocess.{key}", f"one of {list(allowed)}",
+                  pre[key])
+            fields[key] = pre[key]
+    if "scale" in pre:
+        _need(_is_number(pre["scale"]) and pre["scale"] > 0, where, "preprocess.scale",
+              "a positive finite number", pre["scale"])
+        fields["scale"] = float(pre["scale"])
+    return PreprocessSpec(**fields)
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _depth(value: Any, level: int = 1) -> int:
+    if level > MAX_DEPTH:
+        return level
+    if isinstance(value, dict):
+        return max((_depth(v, level + 1) for v in value.values()), default=level)
+    if isinstance(value, list):
+        return max((_depth(v, level + 1) for v in value), default=level)
+    return level
+
+
+def dumps_strict(value: Any, indent: int | None = 2) -> str:
+    """JSON that every parser reads: NaN and ±Inf (a failed comparison's cosine, say) are
+    written as null, never as the bare NaN that Python's json writes by default."""
+    return json.dumps(_finite(value), indent=indent, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _plain(value: Any) -> Any:
+    """Tuples and mappings as JSON lists and objects."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+# -- the summary `vit-deploy info` prints -------------------------------------------------
+@dataclass(frozen=True)
+class BundleSummary:
+    manifest: Manifest
+    path: str
+
+    def __rich__(self) -> Any:
+        from rich.console import Group
+        from rich.filesize import decimal
+        from rich.table import Table
+
+        m, cfg, io = self.manifest, self.manifest.config, self.manifest.io
+        inp = io.inputs[0]
+        lines: list[Any] = [
+            f"bundle {self.path}: {cfg.name or 'ViT'} width {cfg.width} depth {cfg.depth} "
+            f"heads {cfg.heads} patch {cfg.patch_size}, native "
+            f"{format_resolution(cfg.img_size)}, {cfg.num_classes} classes",
+            f"input {inp.name} {list(inp.shape)} {inp.dtype}"
+            + (f" ({io.dim_rule})" if io.dim_rule else " (static)")
+            + f"; outputs {io.output_names}; preprocessing {m.preprocess.resize} to "
+              f"{format_resolution(m.deploy_resolution)}"]
+        table = Table("file", "role", "size", "nodes", "sha256")
+        for name, entry in m.files.items():
+            precision = entry.role.removeprefix("model:")
+            nodes = m.recipe(precision).get("nodes") or (
+                m.export.get("nodes", "") if entry.role == model_role("fp32") else "")
+            table.add_row(name, entry.role, decimal(entry.size), str(nodes), entry.sha256[:12])
+        lines.append(table)
+        simp = m.export.get("simplify")
+        if isinstance(simp, Mapping) and simp.get("requested"):
+            lines.append(f"onnxsim: {simp.get('nodes_before')} -> {simp.get('nodes_after', '?')} "
+                         f"nodes, {'kept' if simp.get('kept') else 'discarded'}")
+        lines += _parity_line(m.parity)
+        if "total_s" in m.export:
+            lines.append(f"export took {m.export['total_s']} s (torch.onnx.export "
+                         f"{m.export.get('export_s', '?')} s)")
+        return Group(*lines)
+
+
+def _parity_line(parity: Mapping[str, Any]) -> list[str]:
+    """One line over the export's parity record, if it has the shape we write."""
+    cases = parity.get("cases")
+    try:
+        worst = max(float(c["max_abs"]) for c in cases)
+        cos = min(float(c["cosine"]) for c in cases)
+        providers = sorted({str(c["provider"]) for c in cases})
+    except (KeyError, TypeError, ValueError):  # no cases, or not the shape we write
+        return []
+    return [f"parity: {'PASS' if parity.get('passed') else 'FAIL'} on {len(providers)} "
+            f"provider(s) {providers}, {len(cases)} cases, worst max|Δ| {worst:.2e}, min "
+            f"cosine {cos:.7f}"]

@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import io
 import os
-import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
-from vit_deploy.sizes import check_input_size
+from vit_deploy.contract import RESIZE_RULES
+from vit_deploy.runtime.manifest import Manifest
+from vit_deploy.sizes import MAX_SIDE, require_patch_multiple
 
 ImageInput = Union[str, os.PathLike, bytes, bytearray, Image.Image, np.ndarray]
 
-RESIZE_RULES = ("shorter_side_center_crop", "patch_multiple")
 MAX_PIXELS = 89_478_485  # Pillow's own decompression-bomb bound (≈ 0.25 GiB of RGB)
+# MAX_SIDE (16384, from sizes): the longest side a resize rule may give the model input.
+_HIGH_DEPTH = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")  # grey modes scaled to 8 bits
+_MESSAGE_CHARS = 300  # of a decoder's own message quoted in an ImageError
 _RESAMPLE = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR,
              "nearest": Image.Resampling.NEAREST, "lanczos": Image.Resampling.LANCZOS}
 
@@ -47,13 +51,11 @@ class Preprocess:
                              f"{self.interpolation!r}")
 
     @classmethod
-    def from_manifest(cls, manifest: dict[str, Any], **overrides: Any) -> Preprocess:
-        pre = manifest["preprocess"]
-        fields = dict(resolution=tuple(pre["resolution"]), patch_size=manifest["io"]["patch_size"],
-                      mean=tuple(pre["mean"]), std=tuple(pre["std"]),
-                      resize=pre.get("resize", "shorter_side_center_crop"),
-                      interpolation=pre.get("interpolation", "bicubic"),
-                      scale=pre.get("scale", 1 / 255))
+    def from_manifest(cls, manifest: Manifest, **overrides: Any) -> Preprocess:
+        pre = manifest.preprocess
+        fields = dict(resolution=pre.resolution, patch_size=manifest.io.patch_size,
+                      mean=pre.mean, std=pre.std, resize=pre.resize,
+                      interpolation=pre.interpolation, scale=pre.scale)
         fields.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**fields)
 
@@ -70,6 +72,7 @@ class Preprocess:
         return self.array(load_image(image))
 
     def array(self, image: Image.Image) -> np.ndarray:
+        _check_resize(self, *image.size)
         th, tw = self.target_size(*image.size)
         resample = _RESAMPLE[self.interpolation]
         if self.resize == "shorter_side_center_crop":
@@ -83,7 +86,7 @@ class Preprocess:
             image = image.resize((tw, th), resample)
         x = np.asarray(image, dtype=np.float32) * np.float32(self.scale)  # (H, W, C)
         x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
-        check_input_size(th, tw, self.patch_size)
+        require_patch_multiple(th, tw, self.patch_size)
         return np.ascontiguousarray(x.transpose(2, 0, 1))  # (C, H, W)
 
     def batches(self, images: Sequence[ImageInput]) -> list[tuple[list[int], np.ndarray]]:
@@ -100,62 +103,155 @@ def group_by_shape(items: Sequence[tuple[int, np.ndarray]]) -> list[tuple[list[i
 
 
 def load_image(src: ImageInput, *, max_pixels: int = MAX_PIXELS) -> Image.Image:
-    """A path, bytes, PIL image or HWC uint8 array -> RGB PIL image (fully decoded)."""
+    """A path, bytes, PIL image or HWC uint8 array -> upright RGB PIL image (fully decoded).
+
+    Whatever goes wrong while decoding is an ImageError naming the input and the decoder's
+    own error. Sizes are checked before any pixel is decoded (from the file's header): at
+    least 1x1 and at most `max_pixels`. Of an animated or multi-page file only the first
+    frame is decoded (of a PIL image, the frame it is on)."""
     if isinstance(src, Image.Image):
-        return _to_rgb(src, "PIL image")
+        return _decode(src, "PIL image", max_pixels)
     if isinstance(src, np.ndarray):
-        return _from_array(src)
+        return _from_array(src, max_pixels)
     if isinstance(src, (bytes, bytearray)):
         if not src:
             raise ImageError("image bytes are empty")
         return _decode(io.BytesIO(bytes(src)), "image bytes", max_pixels)
     if isinstance(src, (str, os.PathLike)):
         path = Path(src)
+        what = f"image {str(path)!r}"
         if not path.is_file():
-            raise ImageError(f"image {str(path)!r} does not exist or is not a file")
+            raise ImageError(f"{what} does not exist or is not a file")
         if path.stat().st_size == 0:
-            raise ImageError(f"image {str(path)!r} is empty (0 bytes)")
-        with open(path, "rb") as f:
-            return _decode(f, f"image {str(path)!r}", max_pixels)
+            raise ImageError(f"{what} is empty (0 bytes)")
+        try:
+            with open(path, "rb") as f:
+                return _decode(f, what, max_pixels)
+        except OSError as e:  # opening the file (what _decode raises is an ImageError)
+            raise ImageError(f"{what} could not be read ({_describe(e)})") from e
     raise ImageError(f"expected a path, bytes, PIL image or HWC uint8 array, got "
                      f"{type(src).__name__}")
 
 
-def _decode(fp: Any, what: str, max_pixels: int) -> Image.Image:
+def _decode(src: Any, what: str, max_pixels: int) -> Image.Image:
+    """A binary file, or a PIL image (maybe opened but not yet decoded) -> upright RGB.
+    The one decode path: open, size check, decode, EXIF orientation, mode conversion."""
+    with _decoder_errors(what):
+        image = src if isinstance(src, Image.Image) else Image.open(src)
+        _check_pixels(*image.size, what, max_pixels)  # from the header: nothing decoded yet
+        image.load()  # the current (first) frame only; truncated files fail here, not later
+        return _to_rgb(_upright(image), what)
+
+
+@contextmanager
+def _decoder_errors(what: str) -> Iterator[None]:
+    """Any exception but KeyboardInterrupt / SystemExit -> ImageError naming `what` and the
+    original error. Pillow's plugins raise nearly any type on hostile bytes (struct.error,
+    SyntaxError, IndexError, NotImplementedError, MemoryError, ...), so no shorter list
+    is safe."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(fp)
-            w, h = image.size
-            if w * h > max_pixels:
-                raise ImageError(f"{what} is {w}x{h} = {w * h} pixels, over the limit of "
-                                 f"{max_pixels} (decompression-bomb guard)")
-            image.load()  # decode now: truncated files fail here, not later
+        yield
     except ImageError:
         raise
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise ImageError(f"{what} is too large: {e}") from None
-    except UnidentifiedImageError:
-        raise ImageError(f"{what} is not an image format Pillow can read") from None
-    except (OSError, SyntaxError, ValueError) as e:
-        raise ImageError(f"{what} is corrupt or truncated: {e}") from None
-    return _to_rgb(image, what)
+    except UnidentifiedImageError as e:
+        raise ImageError(f"{what} is not an image format Pillow can read") from e
+    except Image.DecompressionBombError as e:  # Pillow's own bound, checked in Image.open
+        raise ImageError(f"{what} is over the limit of Pillow's decompression-bomb guard "
+                         f"({_describe(e)})") from e
+    except Exception as e:
+        raise ImageError(f"{what} could not be decoded ({_describe(e)})") from e
+
+
+def _describe(e: BaseException) -> str:
+    """'struct.error: unpack requires ...': the type as one imports it, and its message."""
+    kind = type(e)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else \
+        f"{kind.__module__}.{kind.__qualname__}"
+    text = str(e)
+    if len(text) > _MESSAGE_CHARS:
+        text = text[:_MESSAGE_CHARS] + "..."
+    return f"{name}: {text}" if text else name
+
+
+def _check_pixels(width: int, height: int, what: str, max_pixels: int) -> None:
+    if width < 1 or height < 1:
+        raise ImageError(f"{what} is {width}x{height}: expected at least 1x1 pixels")
+    if width * height > max_pixels:
+        raise ImageError(f"{what} is {width}x{height} = {width * height} pixels, over the limit "
+                         f"of {max_pixels} (decompression-bomb guard)")
+
+
+def _check_resize(pre: Preprocess, width: int, height: int) -> None:
+    """Refuse, before resizing, what a resize rule would blow up: under patch_multiple a
+    1x40000 strip becomes a 224 x 8,960,000 input; under the center crop it is first scaled
+    to cover the crop. Limits: MAX_SIDE for the model input's sides, MAX_PIXELS for any
+    image the resize makes."""
+    if width < 1 or height < 1:
+        raise ImageError(f"image is {width}x{height}: expected at least 1x1 pixels")
+    th, tw = pre.target_size(width, height)
+    rule = f"the {pre.resize!r} rule"
+    if max(th, tw) > MAX_SIDE:
+        raise ImageError(f"a {width}x{height} image becomes a {tw}x{th} input under {rule}; "
+                         f"expected sides of at most {MAX_SIDE}")
+    rh, rw = _resized_size(pre, width, height)
+    if rw * rh > MAX_PIXELS:
+        raise ImageError(f"a {width}x{height} image is resized to {rw}x{rh} = {rw * rh} pixels "
+                         f"under {rule}, over the limit of {MAX_PIXELS}")
+
+
+def _resized_size(pre: Preprocess, width: int, height: int) -> tuple[int, int]:
+    """(H, W) Preprocess.array passes to Image.resize (the same arithmetic): the target, or
+    for the center crop the covering size it then crops from."""
+    th, tw = pre.target_size(width, height)
+    if pre.resize != "shorter_side_center_crop":
+        return th, tw
+    s = max(th / height, tw / width)
+    return max(th, round(height * s)), max(tw, round(width * s))
+
+
+def _upright(image: Image.Image) -> Image.Image:
+    """Apply the EXIF Orientation tag (cameras store photos sideways and set it)."""
+    if image.getexif().get(ExifTags.Base.Orientation, 1) == 1:
+        return image  # the common case; exif_transpose would return a copy
+    return ImageOps.exif_transpose(image)  # a new image: a caller's PIL image is not changed
 
 
 def _to_rgb(image: Image.Image, what: str) -> Image.Image:
-    if image.mode == "RGB":
-        return image
-    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+    """Any Pillow mode -> RGB: alpha (and palette or colour-key transparency) composited on
+    white, 16-bit and float grey scaled to 8 bits (see _to_8bit)."""
+    if image.mode in _HIGH_DEPTH:
+        image = _to_8bit(image)
+    elif image.mode == "La":
+        image = image.convert("LA")  # premultiplied: Pillow converts it to LA only
+    if image.has_transparency_data:
         rgba = image.convert("RGBA")  # composite on white rather than dropping alpha to black
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(background, rgba).convert("RGB")
+    if image.mode == "RGB":
+        return image
     try:
         return image.convert("RGB")
     except (ValueError, OSError) as e:
-        raise ImageError(f"{what} has mode {image.mode!r}, which cannot become RGB: {e}") from None
+        raise ImageError(f"{what} has mode {image.mode!r}, which cannot become RGB "
+                         f"({_describe(e)})") from e
 
 
-def _from_array(a: np.ndarray) -> Image.Image:
+def _to_8bit(image: Image.Image) -> Image.Image:
+    """16-bit or float grey -> 8-bit "L", scaling the range rather than clipping it:
+    - "I;16", "I;16B", "I;16L", "I;16N" and "I" (the modes Pillow gives 16-bit PNG and TIFF)
+      are read as 0..65535: v -> round(v * 255 / 65535), so 65535 -> 255, 257 * k -> k,
+      32768 -> 128; "I" values outside 0..65535 are clipped.
+    - "F" is read as 0..1 (the float-image convention): v -> round(v * 255), values outside
+      0..1 clipped, NaN -> 0."""
+    a = np.asarray(image)
+    if image.mode == "F":
+        x = np.nan_to_num(np.clip(a, 0.0, 1.0), nan=0.0) * np.float32(255)
+    else:
+        x = np.clip(a, 0, 65535).astype(np.float32) * np.float32(255 / 65535)
+    return Image.fromarray(np.rint(x).astype(np.uint8), mode="L")
+
+
+def _from_array(a: np.ndarray, max_pixels: int = MAX_PIXELS) -> Image.Image:
     if a.dtype != np.uint8:
         raise ImageError(f"image arrays must be uint8 HWC (0..255), got dtype {a.dtype}")
     if a.ndim == 3 and a.shape[2] == 1:
@@ -164,4 +260,6 @@ def _from_array(a: np.ndarray) -> Image.Image:
         raise ImageError(f"image arrays must be HxW, HxWx1, HxWx3 or HxWx4, got shape {a.shape}")
     if a.shape[0] == 0 or a.shape[1] == 0:
         raise ImageError(f"image array is empty: shape {a.shape}")
-    return _to_rgb(Image.fromarray(np.ascontiguousarray(a)), "image array")
+    _check_pixels(a.shape[1], a.shape[0], "image array", max_pixels)  # before copying it
+    with _decoder_errors("image array"):
+        return _to_rgb(Image.fromarray(np.ascontiguousarray(a)), "image array")

@@ -173,3 +173,30 @@ def probe(name: str, options: Mapping[str, Any] | None = None) -> ProbeResult:
     if full in active:
         return ProbeResult(full, listed=True, usable=True)
     return ProbeResult(full, listed=True, usable=False, reason=error or failure_reason(log[0]))
+
+
+@dataclass(frozen=True)
+class ProbeReport:
+    """`vit-deploy providers`: what this onnxruntime lists and what really runs here."""
+
+    version: str
+    device: str
+    results: list[ProbeResult]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"onnxruntime": self.version, "device": self.device,
+                "providers": [r.__dict__ | {"alias": r.alias} for r in self.results]}
+
+    def __rich__(self) -> Any:
+        from rich.console import Group
+        from rich.table import Table
+
+        table = Table("provider", "alias", "usable here", title=f"onnxruntime {self.version}",
+                      title_justify="left")
+        for r in self.results:
+            table.add_row(r.name, r.alias, "yes" if r.usable else "no (see below)")
+        return Group(table, *[f"{r.alias}: {r.reason}" for r in self.results if not r.usable])
+
+
+def probe_all() -> ProbeReport:
+    return ProbeReport(ort.__version__, ort.get_device(), [probe(n) for n in available()])

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import tempfile
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,13 +13,17 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from vit_deploy.config import ViTConfig
 from vit_deploy.contract import FEATURES_NAME, LOGITS_NAME, METADATA_CONFIG_KEY
-from vit_deploy.runtime.manifest import BundleError, load_manifest, sha256_file
+from vit_deploy.runtime.graph_cache import OptimizedGraphCache
+from vit_deploy.runtime.manifest import BundleError, Manifest, load_manifest
+from vit_deploy.runtime.model_scan import inspect_model
+from vit_deploy.runtime.placement import profile_placement
 from vit_deploy.runtime.preprocess import ImageInput, Preprocess
 from vit_deploy.runtime.providers import (CPU, Provider, ProviderError, ProviderSpec, available,
                                           captured_stderr, failure_reason, parse_providers,
                                           short_name)
-from vit_deploy.sizes import MemoryEstimateError, check_input_size, check_memory
+from vit_deploy.sizes import MemoryEstimateError, guard_memory, require_patch_multiple
 
 OPTIMIZATION_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -29,7 +31,6 @@ OPTIMIZATION_LEVELS = {
     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
-CACHE_DIR = ".ort-cache"
 
 
 class InputError(ValueError):
@@ -79,6 +80,15 @@ class Prediction:
         return {"source": self.source, "input_size": list(self.input_size),
                 "top": [c.__dict__ for c in self.top]}
 
+    def __rich__(self) -> Any:
+        from rich.table import Table
+
+        table = Table("rank", "class", "label", "probability", title=f"{self.source} "
+                      f"({self.input_size[0]}x{self.input_size[1]})", title_justify="left")
+        for rank, c in enumerate(self.top, 1):
+            table.add_row(str(rank), str(c.index), c.label or "", f"{c.probability:.4f}")
+        return table
+
 
 class ViTSession:
     """A context-managed ONNX Runtime session over a bundle directory or a .onnx file.
@@ -94,34 +104,31 @@ class ViTSession:
                  options: RuntimeOptions = RuntimeOptions()):
         path = Path(model)
         self.options = options
-        self.manifest: dict[str, Any] | None = None
+        self.manifest: Manifest | None = None
         if path.is_dir():
             self.manifest = load_manifest(path, verify=options.verify)
-            models = self.manifest["models"]
-            if precision not in models:
-                raise BundleError(f"bundle {str(path)!r} has no {precision!r} model; it has "
-                                  f"{sorted(models)}")
-            self.model_path = path / models[precision]
+            self.model_path = self.manifest.model_path(path, precision)
         elif path.is_file():
             self.model_path = path
         else:
             raise FileNotFoundError(f"no bundle directory or .onnx file at {str(path)!r}")
         self.precision = precision
         self.requested = parse_providers(provider)
-        self.batch_coupled = _inspect_model(self.model_path, self.manifest)
+        self.batch_coupled = inspect_model(
+            self.model_path, set(self.manifest.files) if self.manifest else None)
         self._session, self.fallback_reason, self.cache_hit = _create_session(
             self.model_path, self.requested, options, fallback)
         self.providers: list[str] = self._session.get_providers()
-        meta = self._session.get_modelmeta().custom_metadata_map
-        config = (self.manifest or {}).get("config") or json.loads(meta.get(METADATA_CONFIG_KEY, "{}"))
-        self.config: dict[str, Any] = config
-        self.patch_size: int | None = config.get("patch_size")
-        self.in_chans: int = config.get("in_chans", 3)
+        self.config: ViTConfig | None = (self.manifest.config if self.manifest
+                                         else _config_from_metadata(self._session))
+        self.patch_size: int | None = self.config.patch_size if self.config else None
         inp = self._session.get_inputs()[0]
+        self.in_chans: int = (self.config.in_chans if self.config else
+                              inp.shape[1] if isinstance(inp.shape[1], int) else 3)
         self.input_name = inp.name
         self.input_shape = list(inp.shape)  # symbolic dims are strings
         self.output_names = [o.name for o in self._session.get_outputs()]
-        self.labels: list[str] | None = (self.manifest or {}).get("labels")
+        self.labels: tuple[str, ...] | None = self.manifest.labels if self.manifest else None
         self.split_batches = (self.batch_coupled if options.split_batches is None
                               else options.split_batches)
         self._placement: dict[str, list[str]] | None = None
@@ -141,7 +148,7 @@ class ViTSession:
 
     def run_all(self, pixel_values: np.ndarray) -> dict[str, np.ndarray]:
         """All outputs by name."""
-        x = self.check_input(pixel_values)
+        x = self.validate_input(pixel_values)
         session = self._live()
         if self.split_batches and len(x) > 1:
             parts = [self._run_checked(session, x[i:i + 1]) for i in range(len(x))]
@@ -191,14 +198,17 @@ class ViTSession:
     def preprocess(self, **overrides: Any) -> Preprocess:
         """The manifest's preprocessing (a bare .onnx file has none: pass the fields)."""
         if self.manifest is None:
-            try:
-                return Preprocess(patch_size=self.patch_size, **overrides)
-            except TypeError:
-                raise BundleError(f"{str(self.model_path)!r} is a bare .onnx file without a "
-                                  f"manifest: pass resolution, mean and std") from None
+            given = {k: v for k, v in overrides.items() if v is not None}
+            missing = [k for k in ("resolution", "mean", "std") if k not in given]
+            if missing or not self.patch_size:
+                raise BundleError(
+                    f"{str(self.model_path)!r} is a bare .onnx file without a manifest, so it "
+                    f"does not say how to preprocess: pass {', '.join(missing) or 'patch_size'} "
+                    f"(vit-deploy predict: --res, --mean, --std), or run a bundle directory")
+            return Preprocess(patch_size=self.patch_size, **given)
         return Preprocess.from_manifest(self.manifest, **overrides)
 
-    def check_input(self, x: Any) -> np.ndarray:
+    def validate_input(self, x: Any) -> np.ndarray:
         if not isinstance(x, np.ndarray):
             raise InputError(f"expected a numpy array (B, C, H, W), got {type(x).__name__}")
         if x.ndim != 4:
@@ -216,15 +226,12 @@ class ViTSession:
             raise InputError(f"this model is static at {static[0]}x{static[1]}, got {H}x{W}")
         if self.patch_size:
             try:
-                check_input_size(H, W, self.patch_size)
+                require_patch_multiple(H, W, self.patch_size)
             except ValueError as e:
                 raise InputError(str(e)) from None
-        if self.patch_size and not self.options.allow_large and "heads" in self.config:
+        if self.config and not self.options.allow_large:
             try:
-                check_memory(H, W, patch=self.patch_size, heads=self.config["heads"],
-                             width_dim=self.config.get("width", 0),
-                             batch=1 if self.split_batches else B,
-                             prefix=int(self.config.get("class_token", True)))
+                guard_memory(H, W, self.config, batch=1 if self.split_batches else B)
             except MemoryEstimateError as e:
                 raise InputError(str(e)) from None
         x = np.ascontiguousarray(x, dtype=np.float32)
@@ -238,8 +245,11 @@ class ViTSession:
         {provider alias: [node names]}. Nodes on 'cpu' while another provider was asked
         for are the ones that fell back."""
         if self._placement is None:
-            self._placement = _profile_placement(self)
+            self._placement = profile_placement(self)
         return self._placement
+
+    def session_options(self) -> ort.SessionOptions:
+        return _session_options(self.options)
 
     def cpu_fallback_nodes(self) -> list[str]:
         if self.requested[0].name == CPU:
@@ -275,62 +285,6 @@ class ViTSession:
                 f"providers={[short_name(p) for p in self.providers]})")
 
 
-# Both batch-coupling ops (DynamicQuantizeLinear, DynamicQuantizeMatMul) contain this name;
-# each needle costs a full pass over the file (0.12 s for ViT-B/16 fp32).
-_COUPLING_OP = b"DynamicQuantize"
-
-
-def _inspect_model(path: Path, manifest: dict[str, Any] | None) -> bool:
-    """Before ORT opens the file: refuse external data outside the model's directory (or,
-    in a bundle, not covered by the manifest's hashes). Returns whether the graph quantises
-    activations per tensor at run time (batch-coupled).
-
-    The file is first scanned in chunks for the strings that external data and the
-    batch-coupling ops must contain; the protobuf is parsed only when one is present
-    (parsing a 85 MB model up front cost 35 MB of peak memory per session)."""
-    found = _file_contains(path, (b"location", _COUPLING_OP))
-    if b"location" in found:
-        _check_external_data(path, manifest)
-    return _COUPLING_OP in found
-
-
-def _file_contains(path: Path, needles: tuple[bytes, ...], chunk: int = 1 << 20) -> set[bytes]:
-    found: set[bytes] = set()
-    keep = max(len(n) for n in needles) - 1
-    tail = b""
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            window = tail + block
-            found.update(n for n in needles if n in window)
-            tail = window[-keep:]
-    return found
-
-
-def _check_external_data(path: Path, manifest: dict[str, Any] | None) -> None:
-    import onnx
-
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as e:  # protobuf DecodeError and friends: a truncated or foreign file
-        raise BundleError(f"{str(path)!r} is not a readable ONNX model: "
-                          f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-    root = path.parent.resolve()
-    listed = set((manifest or {}).get("files", {}))
-    tensors = list(model.graph.initializer) + [
-        a.t for n in model.graph.node for a in n.attribute if a.HasField("t")]
-    for tensor in tensors:
-        if tensor.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        location = {e.key: e.value for e in tensor.external_data}.get("location", "")
-        target = (root / location).resolve()
-        if root not in target.parents:
-            raise BundleError(f"{str(path)!r}: tensor {tensor.name!r} points to external data "
-                              f"{location!r}, outside the model's directory; refused")
-        if manifest is not None and target.relative_to(root).as_posix() not in listed:
-            raise BundleError(f"{str(path)!r}: external data {location!r} is not listed (and "
-                              f"hashed) in the manifest; refused")
-
-
 def softmax(logits: np.ndarray) -> np.ndarray:
     z = logits.astype(np.float64)
     z = np.exp(z - z.max(axis=-1, keepdims=True))
@@ -345,6 +299,17 @@ def _describe(image: Any) -> str:
     if isinstance(image, (bytes, bytearray)):
         return f"<{len(image)} bytes>"
     return f"<{type(image).__name__} {getattr(image, 'size', '')}>"
+
+
+def _config_from_metadata(session: ort.InferenceSession) -> ViTConfig | None:
+    """The config our exporter stores in every model's metadata; None in a foreign file."""
+    text = session.get_modelmeta().custom_metadata_map.get(METADATA_CONFIG_KEY)
+    if text is None:
+        return None
+    try:
+        return ViTConfig.from_json(text)
+    except (TypeError, ValueError) as e:
+        raise BundleError(f"the model's stored vit-deploy config is not valid: {e}") from None
 
 
 def _session_options(options: RuntimeOptions) -> ort.SessionOptions:
@@ -367,7 +332,8 @@ def _create_session(path: Path, requested: list[Provider], options: RuntimeOptio
                             f"onnxruntime build lists only {[short_name(a) for a in listed]}")
     usable = [p for p in requested if p.name in listed] or [Provider(CPU)]
     so = _session_options(options)
-    cache = OptimizedGraphCache(path, usable, options) if options.cache_optimized else None
+    cache = (OptimizedGraphCache(path, usable, options.optimization)
+             if options.cache_optimized else None)
     source = cache.prepare(so) if cache else str(path)
     with captured_stderr() as log:
         try:
@@ -396,82 +362,3 @@ def _create_session(path: Path, requested: list[Provider], options: RuntimeOptio
     return session, reason, bool(cache and cache.hit)
 
 
-class OptimizedGraphCache:
-    """ORT's optimised graph saved beside the model (`.ort-cache/`) for a faster next start.
-
-    Keyed by model, providers, optimisation level and ORT version; used only when its
-    sidecar says it was made from this very model file and its own hash still matches.
-    """
-
-    def __init__(self, path: Path, providers: list[Provider], options: RuntimeOptions):
-        key = "-".join(p.alias for p in providers)
-        self.model = path
-        self.graph = path.parent / CACHE_DIR / f"{path.stem}.{key}.{options.optimization}.ort{ort.__version__}.onnx"
-        self.sidecar = self.graph.with_suffix(".json")
-        self._fresh: str | None = None
-        self._source_hash = ""
-        self.hit = False
-
-    def prepare(self, so: ort.SessionOptions) -> str:
-        """The file to load; sets `so` to load the cached graph or to write a new one."""
-        self._source_hash = sha256_file(self.model)
-        try:
-            record = json.loads(self.sidecar.read_text())
-            if (record["source_sha256"] == self._source_hash
-                    and sha256_file(self.graph) == record["sha256"]):
-                so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-                self.hit = True
-                return str(self.graph)
-        except (OSError, ValueError, KeyError):
-            pass
-        try:
-            self.graph.parent.mkdir(exist_ok=True)
-            fd, self._fresh = tempfile.mkstemp(prefix=".opt-", suffix=".onnx", dir=self.graph.parent)
-            os.close(fd)
-        except OSError as e:
-            warnings.warn(f"cannot cache the optimised graph beside {str(self.model)!r}: {e}",
-                          RuntimeWarning, stacklevel=4)
-            return str(self.model)
-        so.optimized_model_filepath = self._fresh
-        return str(self.model)
-
-    def store(self) -> None:
-        fresh, self._fresh = self._fresh, None
-        if fresh is None:
-            return
-        if os.path.getsize(fresh) == 0:
-            os.unlink(fresh)
-            return
-        os.replace(fresh, self.graph)
-        record = {"source_sha256": self._source_hash, "sha256": sha256_file(self.graph),
-                  "onnxruntime": ort.__version__}
-        tmp = self.sidecar.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, self.sidecar)
-
-
-def _profile_placement(s: ViTSession) -> dict[str, list[str]]:
-    with tempfile.TemporaryDirectory() as tmp:
-        so = _session_options(s.options)
-        so.enable_profiling = True
-        so.profile_file_prefix = os.path.join(tmp, "placement")
-        providers = [(p, opts) for p, opts in zip(s.providers, _options_for(s))]
-        with captured_stderr():
-            session = ort.InferenceSession(str(s.model_path), so, providers=providers)
-        static = s.input_shape[2:]
-        P = s.patch_size or 1
-        hw = tuple(static) if all(isinstance(d, int) for d in static) else (P, P)
-        session.run(None, {s.input_name: np.zeros((1, s.in_chans, *hw), np.float32)})
-        with open(session.end_profiling()) as f:
-            events = json.load(f)
-    out: dict[str, list[str]] = {}
-    for e in events:
-        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
-            provider = short_name(e["args"].get("provider", "?"))
-            out.setdefault(provider, []).append(e["name"][: -len("_kernel_time")])
-    return out
-
-
-def _options_for(s: ViTSession) -> list[dict[str, Any]]:
-    by_name = {p.name: p.options for p in s.requested}
-    return [by_name.get(p, {}) for p in s.providers]
