@@ -293,6 +293,8 @@ def recover(dst: Path) -> None:
 def _adopt_extras(old: Path, dst: Path) -> None:
     """Entries in `old` that neither version owns and `dst` lacks (created by someone while
     we wrote) are moved into `dst`."""
+    if not old.is_dir():  # already removed: a kill after the last step
+        return
     ours = {name.split("/")[0] for name in owned_files(old) or ()}
     for entry in os.listdir(old):
         if entry not in ours and not os.path.lexists(dst / entry):

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from vit_deploy.config import ViTConfig
 
 MAX_SIDE = 16384  # pixels per side of any resolution we accept (flags, manifests, images)
-_RES_RE = re.compile(r"^\s*(\d+)\s*(?:[xX×]\s*(\d+)\s*)?$")
+_RES_RE = re.compile(r"^\s*(\d{1,9})\s*(?:[xX×]\s*(\d{1,9})\s*)?$")
 
 
 def parse_resolution(text: str | int) -> tuple[int, int]:

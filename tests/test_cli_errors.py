@@ -1,0 +1,75 @@
+"""Every CLI path maps errors to a message and an exit code: 2 for bad input, 1 for a failed
+check; huge integers, contradictory flags, a bare .onnx file, sizes over the memory guard."""
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from vit_deploy.cli import main
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.mark.parametrize("args,message", [
+    (["export", "--model", "tiny", "--seed", str(10**20)], "--seed"),
+    (["export", "--model", "tiny", "--num-classes", str(10**30)], "--num-classes"),
+    (["export", "--model", "tiny", "--res", "9" * 5000], "resolution"),
+    (["export", "--model", "tiny", "--res", "99999"], "at most 16384"),
+    (["export", "--model", "B/16", "--patch", "8"], "--model B/16 says patch 16 and --patch says 8"),
+    (["export", "--model", "tiny", "--out", "."], "current directory"),
+    (["bench", "{bundle}", "--batch", str(10**8)], "batch sizes must be positive integers up to"),
+    (["bench", "{bundle}", "--threads", "2000"], "threads must be positive integers up to 256"),
+    (["bench", "{bundle}", "--runs", str(10**20)], "--runs"),
+    (["bench", "{bundle}", "--res", "8192", "--batch", "4096"], "GiB"),
+    (["check", "{bundle}", "--res", "16384x16384", "--batch", "64"], "GiB"),
+    (["predict", "{bundle}", "{image}", "--threads", "2000"], "--threads"),
+    (["predict", "{bundle}", "{image}", "--top-k", str(10**20)], "--top-k"),
+    (["predict", "{onnx}", "{image}"], "bare .onnx file without a manifest"),
+    (["triton", "{bundle}", "--out", "{tmp}/r", "--max-batch", str(10**9)], "--max-batch"),
+    (["triton", "{bundle}", "--out", "{tmp}/r", "--name", "../up"], "model name"),
+    (["serve", "{bundle}", "--port", "70000"], "--port"),
+    (["info", "{tmp}"], "manifest.json"),
+])
+def test_bad_input_exits_2_with_a_message(tiny_bundle, tmp_path, args, message):
+    _, result = tiny_bundle
+    image = tmp_path / "cat.png"
+    Image.fromarray(np.full((40, 50, 3), 128, np.uint8)).save(image)
+    fill = {"{bundle}": str(result.path), "{image}": str(image), "{tmp}": str(tmp_path),
+            "{onnx}": str(result.path / "model.onnx")}
+    args = [fill.get(a, a.replace("{tmp}", str(tmp_path))) for a in args]
+    r = run(*args)
+    assert r.exit_code == 2, r.output
+    assert message in " ".join(r.output.split()), r.output
+    assert "Traceback" not in r.output
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_bare_onnx_file_runs_with_mean_std_and_resolution(tiny_bundle, tmp_path):
+    _, result = tiny_bundle
+    image = tmp_path / "cat.png"
+    Image.fromarray(np.full((40, 50, 3), 128, np.uint8)).save(image)
+    r = run("predict", result.path / "model.onnx", image, "--res", "32", "--mean", "0.5,0.5,0.5",
+            "--std", "0.5,0.5,0.5", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["providers"][0] == "cpu" and out["predictions"][0]["input_size"] == [32, 32]
+
+
+def test_json_output_is_strict_json_even_when_a_number_is_nan(tiny_bundle, tmp_path,
+                                                               monkeypatch):
+    """A comparison that produced NaN (a broken provider) is written as null, not NaN."""
+    import vit_deploy.parity as parity
+
+    _, result = tiny_bundle
+    real = parity.judge
+    monkeypatch.setattr(parity, "judge", lambda ref, out, **kw: real(ref, out * np.nan, **kw))
+    report = tmp_path / "check.json"
+    r = run("check", result.path, "--batch", "1", "--json", report, "--quiet")
+    assert r.exit_code == 1, r.output
+    data = json.loads(report.read_text(), parse_constant=lambda c: pytest.fail(c))
+    assert data["passed"] is False and data["cases"][0]["max_abs"] is None
