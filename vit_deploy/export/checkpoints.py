@@ -5,13 +5,22 @@ and sets the config from the source, including how the source resamples position
 embeddings (timm: bicubic with antialias; Hugging Face ViT, DeiT, DINOv2: bicubic without;
 DINOv2 with registers: with), so the exported graph gives the source framework's outputs
 at any resolution.
+
+A checkpoint may lie: its config may disagree with its weights, or its tensors with each
+other. Every loader compares what the config says with what the tensors hold before it
+builds anything, and refuses a disagreement with a message that names both sides. Every
+tensor in the file is used or reported: unused ones are an error, except those known not
+to matter to the forward pass (a Hugging Face pooler, a mask token), which are a
+CheckpointWarning.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +39,11 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded into the model: says which keys and why."""
 
 
+class CheckpointWarning(UserWarning):
+    """Tensors in a checkpoint that the model does not use and that do not change its
+    outputs (a Hugging Face pooler, a masked-image-modelling token)."""
+
+
 def save_weights(model: ViT, path: str | Path) -> Path:
     """Write the state dict as safetensors (atomically), the config in its metadata."""
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
@@ -37,7 +51,9 @@ def save_weights(model: ViT, path: str | Path) -> Path:
 
 
 def read_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """(tensors, metadata) from .safetensors, or .pth/.pt/.bin loaded with weights_only=True."""
+    """(tensors, metadata) from .safetensors, or .pth/.pt/.bin loaded with weights_only=True.
+
+    Keys must be strings and tensors floating point: anything else is not a set of weights."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist or is not a file")
@@ -47,21 +63,36 @@ def read_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str
 
             with safe_open(str(path), framework="pt") as f:
                 metadata = dict(f.metadata() or {})
-            return load_file(str(path)), metadata
+            state = load_file(str(path))
         except (SafetensorError, OSError, ValueError) as e:
             raise CheckpointError(f"{str(path)!r} is not a readable safetensors file: {e}") from None
+        _check_tensors(state, path)
+        return state, metadata
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:  # pickle.UnpicklingError for code, RuntimeError for garbage
         raise CheckpointError(
             f"{str(path)!r} could not be loaded as plain weights (weights_only=True refuses "
-            f"pickled code): {str(e).splitlines()[0]}") from None
+            f"pickled code): {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     for key in ("model", "state_dict", "model_state_dict"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
             obj = obj[key]
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         raise CheckpointError(f"{str(path)!r} does not hold a state dict of tensors")
+    _check_tensors(obj, path)
     return obj, {}
+
+
+def _check_tensors(state: dict[Any, torch.Tensor], path: Path) -> None:
+    odd = [k for k in state if not isinstance(k, str)]
+    if odd:
+        raise CheckpointError(f"{str(path)!r} is not a state dict: its keys must be strings, "
+                              f"it has {_some([repr(k)[:40] for k in odd])}")
+    not_float = [f"{k} ({str(v.dtype).removeprefix('torch.')})" for k, v in sorted(state.items())
+                 if not v.is_floating_point()]
+    if not_float:
+        raise CheckpointError(f"{str(path)!r} holds tensors that are not floating point, so not "
+                              f"weights: {_some(not_float)}")
 
 
 def load_model(path: str | Path, cfg: ViTConfig | None = None) -> ViT:
@@ -73,31 +104,232 @@ def load_model(path: str | Path, cfg: ViTConfig | None = None) -> ViT:
 def model_from_state(state: dict[str, torch.Tensor], metadata: dict[str, str], *, source: str,
                      cfg: ViTConfig | None = None) -> ViT:
     """A model in our layout: the config from the checkpoint's metadata, else `cfg`."""
+    said = "the given config says"
     if CONFIG_KEY in metadata:
-        cfg = ViTConfig.from_json(metadata[CONFIG_KEY])
+        cfg = _config_from_metadata(metadata[CONFIG_KEY], source)
+        said = "the checkpoint's config says"
     if cfg is None:
         raise CheckpointError(f"{source!r} carries no vit-deploy config; give the model "
                               f"settings (variant, patch, ...) that match it")
+    return _build_checked(cfg, state, source=source, said=said)
+
+
+def _config_from_metadata(text: Any, source: str) -> ViTConfig:
+    where = f"{source}: the config in its metadata ({CONFIG_KEY})"
+    try:
+        data = json.loads(text)
+    except (ValueError, TypeError, RecursionError) as e:
+        raise CheckpointError(f"{where} is not JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{where} is a JSON {type(data).__name__}, not an object: "
+                              f"{str(text)[:60]!r}")
+    try:
+        return ViTConfig.from_dict(data)
+    except (ValueError, TypeError, OverflowError, RecursionError) as e:
+        raise CheckpointError(f"{where} is not a valid config: {e}") from None
+
+
+def load_state(model: ViT, state: dict[str, torch.Tensor], *, source: str) -> None:
+    own = model.state_dict()
+    problems = _layout_problems({k: tuple(v.shape) for k, v in own.items()}, state)
+    if problems:
+        raise CheckpointError(f"{source} does not match the model layout: " + "; ".join(problems))
+    model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
+
+
+def _layout_problems(own: dict[str, tuple[int, ...]], state: dict[str, torch.Tensor]) -> list[str]:
+    """Missing, unexpected and shape-mismatched keys (at most 5 of each shown)."""
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    shapes = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {own[k]}"
+              for k in sorted(set(own) & set(state)) if tuple(state[k].shape) != own[k]]
+    return [f"{label} keys: {_some(items)}" for label, items in
+            (("missing", missing), ("unexpected", unexpected), ("shape mismatch", shapes)) if items]
+
+
+def _build_checked(cfg: ViTConfig, state: dict[str, torch.Tensor], *, source: str,
+                   said: str) -> ViT:
+    """Build `cfg` and load `state` into it, or say how the two disagree: first what the
+    config says against what the tensors hold, then the keys. The comparison comes before
+    anything is allocated, so a config that lies about its size builds nothing."""
+    explained = _disagreements(cfg, state, said)
+    shapes = _expected_shapes(cfg, blocks=len(_indices(state, "blocks.")))
+    listed = _layout_problems(shapes, state) if shapes is not None else []
+    if explained:
+        detail = f"; it does not match the model layout: {'; '.join(listed)}" if listed else ""
+        raise CheckpointError(f"{source}: " + "; ".join(explained) + detail)
+    if listed or shapes is None:
+        raise CheckpointError(f"{source} does not match the model layout: "
+                              + ("; ".join(listed) or "its config builds no model"))
     model = build_model(cfg, seed=None)
     load_state(model, state, source=source)
     return model
 
 
-def load_state(model: ViT, state: dict[str, torch.Tensor], *, source: str) -> None:
-    own = model.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    shapes = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
-              for k in sorted(set(own) & set(state)) if state[k].shape != own[k].shape]
-    if missing or unexpected or shapes:
-        parts = []
-        for label, items in (("missing", missing), ("unexpected", unexpected),
-                             ("shape mismatch", shapes)):
-            if items:
-                more = f" (+{len(items) - 5} more)" if len(items) > 5 else ""
-                parts.append(f"{label} keys: {items[:5]}{more}")
-        raise CheckpointError(f"{source} does not match the model layout: " + "; ".join(parts))
-    model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
+def _expected_shapes(cfg: ViTConfig, *, blocks: int) -> dict[str, tuple[int, ...]] | None:
+    """Key -> shape of the model `cfg` builds, without allocating it (meta device); None when
+    the config is too large to describe (a depth far beyond the weights, sizes that overflow)."""
+    if cfg.depth > 2 * blocks + 16:
+        return None
+    try:
+        with torch.device("meta"):
+            model = build_model(cfg, seed=None)
+    except (RuntimeError, ValueError, OverflowError, MemoryError):
+        return None
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def _disagreements(cfg: ViTConfig, state: dict[str, torch.Tensor], said: str) -> list[str]:
+    """What `cfg` says against what the tensors (our layout) hold, one sentence per field."""
+    out: list[str] = []
+    blocks = _indices(state, "blocks.")
+    if not _numbered(blocks, cfg.depth):
+        out.append(f"{said} depth {cfg.depth}, its weights hold {_count(len(blocks), 'block')} "
+                   f"({_describe('blocks.', blocks)})")
+    width_ok = True
+    pe = state.get("patch_embed.proj.weight")
+    if pe is not None:
+        s = tuple(pe.shape)
+        if len(s) != 4:
+            width_ok = False
+            out.append(f"patch_embed.proj.weight has shape {s}; a patch embedding is 4-D "
+                       f"(width {cfg.width}, channels {cfg.in_chans}, patch {cfg.patch_size}, "
+                       f"patch {cfg.patch_size})")
+        else:
+            if s[0] != cfg.width:
+                width_ok = False
+                out.append(f"{said} width {cfg.width}, its weights are {s[0]} wide "
+                           f"(patch_embed.proj.weight {s})")
+            if s[1] != cfg.in_chans:
+                out.append(f"{said} in_chans {cfg.in_chans}, its patch embedding takes {s[1]} "
+                           f"channels (patch_embed.proj.weight {s})")
+            if s[2:] != (cfg.patch_size, cfg.patch_size):
+                out.append(f"{said} patch_size {cfg.patch_size}, its patch embedding cuts "
+                           f"{s[2]}x{s[3]} patches (patch_embed.proj.weight {s})")
+    if width_ok:
+        w, hidden = cfg.width, int(cfg.width * cfg.mlp_ratio)
+        qkv = [(i, tuple(t.shape)) for i in blocks
+               if (t := state.get(f"blocks.{i}.attn.qkv.weight")) is not None
+               and tuple(t.shape) != (3 * w, w)]
+        if qkv:
+            out.append(f"{said} width {w}, so each blocks.N.attn.qkv.weight is ({3 * w}, {w}) "
+                       f"(query, key, value); its blocks.{qkv[0][0]}.attn.qkv.weight is "
+                       f"{qkv[0][1]}{_and_more(qkv)}")
+        mlp = [(i, tuple(t.shape)) for i in blocks
+               if (t := state.get(f"blocks.{i}.mlp.fc1.weight")) is not None
+               and (t.shape[0] if t.dim() else 0) != hidden]
+        if mlp:
+            i, s = mlp[0]
+            out.append(f"{said} mlp_ratio {cfg.mlp_ratio} (an MLP {hidden} wide at width {w}), "
+                       f"its weights' MLP is {s[0] if s else 0} wide "
+                       f"(blocks.{i}.mlp.fc1.weight {s}){_and_more(mlp)}")
+    head = state.get("head.weight")
+    rows = (head.shape[0] if head.dim() else -1) if head is not None else 0
+    if rows != cfg.num_classes:
+        if head is None:
+            out.append(f"{said} num_classes {cfg.num_classes}, its weights have no "
+                       f"classification head (no head.weight)")
+        else:
+            out.append(f"{said} num_classes {cfg.num_classes}, its head.weight has shape "
+                       f"{tuple(head.shape)} ({rows} classes)")
+    for field, key in (("class_token", "cls_token"), ("dist_token", "dist_token"),
+                       ("fc_norm", "fc_norm.weight"),
+                       ("qkv_bias", f"blocks.{blocks[0] if blocks else 0}.attn.qkv.bias"),
+                       ("layer_scale", f"blocks.{blocks[0] if blocks else 0}.ls1.gamma")):
+        if field in ("qkv_bias", "layer_scale") and not blocks:
+            continue
+        if getattr(cfg, field) != (key in state):
+            out.append(f"{said} {field} {getattr(cfg, field)}, its weights "
+                       f"{'have' if key in state else 'have no'} {key}")
+    reg = state.get("reg_token")
+    regs = 0 if reg is None else reg.shape[1] if reg.dim() == 3 else -1
+    if regs != cfg.num_registers:
+        out.append(f"{said} num_registers {cfg.num_registers}, its weights hold "
+                   + (f"reg_token {tuple(reg.shape)}" if reg is not None else "no reg_token"))
+    if cfg.dist_token and cfg.num_classes and "dist_token" in state \
+            and cfg.dist_head != ("head_dist.weight" in state):
+        out.append(f"{said} dist_head {cfg.dist_head}, its weights "
+                   f"{'have' if 'head_dist.weight' in state else 'have no'} head_dist.weight")
+    out += _position_disagreements(cfg, state, said)
+    return out
+
+
+def _position_disagreements(cfg: ViTConfig, state: dict[str, torch.Tensor], said: str) -> list[str]:
+    (gh, gw), k = cfg.grid_size, cfg.num_pos_prefix
+    grid = (f"img_size {cfg.img_size[0]}x{cfg.img_size[1]} at patch {cfg.patch_size} "
+            f"(grid {gh}x{gw})")
+    learned, factorized = "pos.pos_embed" in state, "pos.pos_row" in state
+    if cfg.pos_embed == "learned" and factorized and not learned:
+        return [f"{said} pos_embed 'learned', its weights hold a factorized table (pos.pos_row)"]
+    if cfg.pos_embed == "factorized" and learned and not factorized:
+        return [f"{said} pos_embed 'factorized', its weights hold a learned table (pos.pos_embed)"]
+    out = []
+    if cfg.pos_embed == "learned" and learned:
+        t = state["pos.pos_embed"]
+        rows = t.shape[1] if t.dim() == 3 else None
+        if rows != k + gh * gw:
+            out.append(f"{said} {grid} and {_count(k, 'prefix row')}: {k + gh * gw} position "
+                       f"rows; its pos.pos_embed has shape {tuple(t.shape)}")
+    elif cfg.pos_embed == "factorized":
+        for key, n, what in (("pos.pos_row", gh, f"{grid}: {gh} rows"),
+                             ("pos.pos_col", gw, f"{grid}: {gw} columns"),
+                             ("pos.pos_prefix", k, f"{k} prefix tokens with a position")):
+            t = state.get(key)
+            if t is not None and (t.shape[1] if t.dim() == 3 else None) != n:
+                out.append(f"{said} {what}; its {key} has shape {tuple(t.shape)}")
+    return out
+
+
+def _indices(state: dict[str, Any], prefix: str) -> list[int]:
+    """Sorted N of the keys `prefix`N.… (blocks.N., encoder.layer.N.)."""
+    pattern = re.compile(re.escape(prefix) + r"(\d{1,9})\.")
+    return sorted({int(m.group(1)) for k in state if (m := pattern.match(k))})
+
+
+def _numbered(idx: list[int], n: int) -> bool:
+    """Whether the sorted, distinct `idx` are exactly 0..n-1 (without building range(n): a
+    config may say a depth of two billion)."""
+    return len(idx) == n and (n == 0 or idx[-1] == n - 1)
+
+
+def _describe(prefix: str, idx: list[int]) -> str:
+    """'blocks.0-1', 'blocks.0, 2; blocks.1 missing', 'none'."""
+    if not idx:
+        return "none"
+    spans: list[list[int]] = []
+    for i in idx:
+        if spans and i == spans[-1][1] + 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    def text(ss: list[list[int]]) -> str:
+        return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in ss)
+
+    gaps = ([[0, spans[0][0] - 1]] if spans[0][0] > 0 else []) + [
+        [a[1] + 1, b[0] - 1] for a, b in itertools.pairwise(spans)]
+    missing = f"; {prefix}{text(gaps[:5])}{' ...' if len(gaps) > 5 else ''} missing" if gaps else ""
+    return f"{prefix}{text(spans[:5])}{' ...' if len(spans) > 5 else ''}{missing}"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _and_more(items: list) -> str:
+    return f" (and {_count(len(items) - 1, 'more block')})" if len(items) > 1 else ""
+
+
+def _some(items: list, n: int = 5) -> str:
+    return f"{items[:n]}" + (f" (+{len(items) - n} more)" if len(items) > n else "")
+
+
+def _mlp_ratio(hidden: int, width: int) -> float:
+    """The ratio the model turns back into `hidden` (int(width * ratio) == hidden): hidden /
+    width rounds down for some pairs (11, 15), so nudge it up by ulps until it does not."""
+    ratio = hidden / width
+    while int(width * ratio) < hidden:
+        ratio = math.nextafter(ratio, math.inf)
+    return ratio
 
 
 FORMATS = ("auto", "vit-deploy", "timm", "hf")
@@ -134,46 +366,69 @@ def load_any(path: str | Path, *, source: str = "auto", heads: int | None = None
 
 
 # -- timm ---------------------------------------------------------------------------------
-def timm_config(state: dict[str, torch.Tensor], *, heads: int | None = None) -> ViTConfig:
-    """Infer a config from a timm VisionTransformer / DeiT / DeiT-3 state dict."""
-    try:
-        proj = state["patch_embed.proj.weight"]  # (D, C, P, P)
-        width, in_chans, patch = proj.shape[0], proj.shape[1], proj.shape[2]
-        depth = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"blocks\.(\d+)\.", k)))
-        hidden = state["blocks.0.mlp.fc1.weight"].shape[0]
-        pos = state["pos_embed"].shape[1]
-    except (KeyError, ValueError, IndexError) as e:
-        raise CheckpointError(f"not a timm ViT state dict: missing {e}") from None
+def timm_config(state: dict[str, torch.Tensor], *, heads: int | None = None,
+                source: str = "the timm checkpoint") -> ViTConfig:
+    """Infer a config from a timm VisionTransformer / DeiT / DeiT-3 state dict.
+
+    Only the tensors say what the model is, so they must agree with each other: the blocks
+    numbered 0..N-1, a square patch, a position table whose rows are prefix + a square grid."""
+    def need(key: str, dims: int) -> torch.Tensor:
+        t = state.get(key)
+        if t is None:
+            raise CheckpointError(f"{source} is not a timm ViT state dict: {key} is missing")
+        if t.dim() != dims:
+            raise CheckpointError(f"{source}: {key} has shape {tuple(t.shape)}; a timm ViT's "
+                                  f"is {dims}-D")
+        return t
+
+    width, in_chans, patch, patch_w = need("patch_embed.proj.weight", 4).shape
+    if patch != patch_w:
+        raise CheckpointError(f"{source}: patch_embed.proj.weight cuts {patch}x{patch_w} "
+                              f"patches; only square patches are supported")
+    blocks = _indices(state, "blocks.")
+    if not blocks:
+        raise CheckpointError(f"{source} is not a timm ViT state dict: it has no blocks.N. keys")
+    if not _numbered(blocks, len(blocks)):
+        raise CheckpointError(f"{source}: its highest block index says depth {blocks[-1] + 1}, "
+                              f"its weights hold {_count(len(blocks), 'block')} "
+                              f"({_describe('blocks.', blocks)})")
+    hidden = need("blocks.0.mlp.fc1.weight", 2).shape[0]
+    pos = need("pos_embed", 3).shape[1]
     cls, dist = "cls_token" in state, "dist_token" in state
-    regs = state["reg_token"].shape[1] if "reg_token" in state else 0
+    regs = need("reg_token", 3).shape[1] if "reg_token" in state else 0
     prefix = int(cls) + int(dist) + regs
     k = prefix if _square(pos - prefix) else 0 if _square(pos) else None  # no_embed_class: 0
     if k is None:
-        raise CheckpointError(f"pos_embed has {pos} rows: no square grid with {prefix} or 0 "
-                              f"prefix rows")
+        raise CheckpointError(
+            f"{source}: pos_embed has {pos} rows; its prefix tokens (cls {int(cls)}, dist "
+            f"{int(dist)}, registers {regs}) leave {pos - prefix} rows, and neither {pos - prefix} "
+            f"nor {pos} is a square grid")
     grid = math.isqrt(pos - k)
     heads = heads or HEADS_BY_WIDTH.get(width)
     if heads is None:
         raise CheckpointError(f"timm checkpoints do not store the head count; width {width} is "
                               f"not a standard one: pass --heads")
     fc_norm = "fc_norm.weight" in state
-    num_classes = state["head.weight"].shape[0] if "head.weight" in state else 0
-    return ViTConfig(img_size=(grid * patch, grid * patch), patch_size=patch, in_chans=in_chans,
-                     width=width, depth=depth, heads=heads, mlp_ratio=hidden / width,
-                     num_classes=num_classes, qkv_bias="blocks.0.attn.qkv.bias" in state,
-                     class_token=cls, dist_token=dist, dist_head="head_dist.weight" in state,
-                     num_registers=regs, pos_prefix_tokens=k,
-                     layer_scale="blocks.0.ls1.gamma" in state, fc_norm=fc_norm,
-                     pool="mean" if fc_norm or not cls else "cls",
-                     pos_interp="bicubic", pos_antialias=True, name="timm")
+    num_classes = need("head.weight", 2).shape[0] if "head.weight" in state else 0
+    try:
+        return ViTConfig(img_size=(grid * patch, grid * patch), patch_size=patch,
+                         in_chans=in_chans, width=width, depth=len(blocks), heads=heads,
+                         mlp_ratio=_mlp_ratio(hidden, width), num_classes=num_classes,
+                         qkv_bias="blocks.0.attn.qkv.bias" in state, class_token=cls,
+                         dist_token=dist, dist_head="head_dist.weight" in state,
+                         num_registers=regs, pos_prefix_tokens=k,
+                         layer_scale="blocks.0.ls1.gamma" in state, fc_norm=fc_norm,
+                         pool="mean" if fc_norm or not cls else "cls",
+                         pos_interp="bicubic", pos_antialias=True, name="timm")
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{source}: its tensors (width {width}, {in_chans} channels, "
+                              f"patch {patch}, {heads} heads) give no valid config: {e}") from None
 
 
 def load_timm(state: dict[str, torch.Tensor], *, source: str, heads: int | None = None) -> ViT:
-    cfg = timm_config(state, heads=heads)
+    cfg = timm_config(state, heads=heads, source=source)
     mapped = {("pos.pos_embed" if k == "pos_embed" else k): v for k, v in state.items()}
-    model = build_model(cfg, seed=None)
-    load_state(model, mapped, source=source)
-    return model
+    return _build_checked(cfg, mapped, source=source, said="the config read from its tensors says")
 
 
 def _square(n: int) -> bool:
@@ -181,98 +436,298 @@ def _square(n: int) -> bool:
 
 
 # -- Hugging Face -------------------------------------------------------------------------
+HF_PREFIXES = ("vit.", "deit.", "dinov2_with_registers.", "dinov2.")
+# Tensors a Hugging Face checkpoint may carry that do not change the features we export:
+# ViTModel's pooler (dense + tanh on the class token, not part of last_hidden_state) and
+# the masked-image-modelling token (used only with bool_masked_pos).
+HF_IRRELEVANT = (re.compile(r"pooler\."), re.compile(r"embeddings\.mask_token$"))
+_MISSING = object()
+
+
 def load_hf(directory: Path) -> ViT:
     """ViT / DeiT / Dinov2 / Dinov2WithRegisters, with or without a classification head."""
+    directory = Path(directory)
+    where = str(directory)
     config_path = directory / "config.json"
     if not config_path.is_file():
-        raise CheckpointError(f"{str(directory)!r} has no config.json: not a Hugging Face "
+        raise CheckpointError(f"{where!r} has no config.json: not a Hugging Face "
                               f"checkpoint directory")
-    hf = json.loads(config_path.read_text())
+    hf = _read_json(config_path)
     kind = hf.get("model_type")
-    if kind not in HF_TYPES:
+    if not isinstance(kind, str) or kind not in HF_TYPES:
         raise CheckpointError(f"Hugging Face model_type {kind!r} is not supported; supported: "
                               f"{sorted(HF_TYPES)}")
-    if hf.get("hidden_act", "gelu") != "gelu" or hf.get("use_swiglu_ffn"):
+    act, swiglu = hf.get("hidden_act", "gelu"), hf.get("use_swiglu_ffn", False)
+    if act != "gelu" or swiglu:
         raise CheckpointError(f"only GELU MLPs are supported, the checkpoint uses "
-                              f"{hf.get('hidden_act')!r}{' / SwiGLU' if hf.get('use_swiglu_ffn') else ''}")
+                              f"{act!r}{' / SwiGLU' if swiglu else ''}")
+    get = _HFConfig(hf, config_path)
+    width, depth = get.int("hidden_size"), get.int("num_hidden_layers")
+    heads, patch = get.int("num_attention_heads"), get.pair("patch_size")
+    in_chans = get.int("num_channels", 3)
+    image_size = get.pair("image_size", None)
+    intermediate = get.int("intermediate_size", None)
+    mlp_ratio = get.number("mlp_ratio", 4.0)
+    qkv_bias = get.bool("qkv_bias", True)
+    norm_eps = get.number("layer_norm_eps", 1e-12)
+    registers = get.int("num_register_tokens", None, minimum=0)
+    if width % heads:
+        raise CheckpointError(f"{str(config_path)!r}: num_attention_heads {heads} does not "
+                              f"divide hidden_size {width}")
+
     weights = [directory / n for n in ("model.safetensors", "pytorch_model.bin")
                if (directory / n).is_file()]
     if not weights:
-        raise CheckpointError(f"{str(directory)!r} has neither model.safetensors nor "
-                              f"pytorch_model.bin")
+        raise CheckpointError(f"{where!r} has neither model.safetensors nor pytorch_model.bin")
     state, _ = read_state_dict(weights[0])
-    prefix = next((p for p in ("vit.", "deit.", "dinov2.") if any(k.startswith(p) for k in state)), "")
-    body = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)} if prefix else state
+    prefix = next((p for p in HF_PREFIXES if any(k.startswith(p) for k in state)), "")
+    body = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
     heads_out = {k: v for k, v in state.items() if not k.startswith(prefix)} if prefix else {}
+    E, L = prefix + "embeddings.", prefix + "encoder.layer."
+    dino = kind.startswith("dinov2")
 
-    width, depth = hf["hidden_size"], hf["num_hidden_layers"]
-    dist = "embeddings.distillation_token" in body
-    regs = body["embeddings.register_tokens"].shape[1] if "embeddings.register_tokens" in body else 0
+    # What the tensors hold, against what config.json says (before anything is built).
+    said, told = "config.json says", []
+    layers = _indices(body, "encoder.layer.")
+    if not _numbered(layers, depth):
+        told.append(f"{said} num_hidden_layers {depth}, its weights hold "
+                    f"{_count(len(layers), 'layer')} ({_describe(L, layers)})")
+    pe = state.get(E + "patch_embeddings.projection.weight")
+    if pe is not None and pe.dim() != 4:
+        told.append(f"{E}patch_embeddings.projection.weight has shape {tuple(pe.shape)}; a "
+                    f"patch embedding is 4-D (hidden_size, channels, patch, patch)")
+    elif pe is not None:
+        s = tuple(pe.shape)
+        if s[0] != width:
+            told.append(f"{said} hidden_size {width}, its weights are {s[0]} wide "
+                        f"({E}patch_embeddings.projection.weight {s})")
+        if s[1] != in_chans:
+            told.append(f"{said} num_channels {in_chans}, its patch embedding takes {s[1]} "
+                        f"channels ({E}patch_embeddings.projection.weight {s})")
+        if s[2:] != (patch, patch):
+            told.append(f"{said} patch_size {patch}, its patch embedding cuts {s[2]}x{s[3]} "
+                        f"patches ({E}patch_embeddings.projection.weight {s})")
+    hidden = intermediate if intermediate is not None else int(width * mlp_ratio)
+    fc1 = "mlp.fc1.weight" if dino else "intermediate.dense.weight"
+    for i in layers[:1]:
+        t = state.get(f"{L}{i}.{fc1}")
+        if t is not None and t.dim() and t.shape[0] != hidden:
+            setting = (f"intermediate_size {intermediate}" if intermediate is not None
+                       else f"mlp_ratio {mlp_ratio} (an MLP {hidden} wide)")
+            told.append(f"{said} {setting}, its weights' MLP is {t.shape[0]} wide "
+                        f"({L}{i}.{fc1} {tuple(t.shape)})")
+    dist = E + "distillation_token" in state
+    reg = state.get(E + "register_tokens")
+    regs = 0 if reg is None else reg.shape[1] if reg.dim() == 3 else -1
+    if regs < 0:
+        told.append(f"{E}register_tokens has shape {tuple(reg.shape)}; register tokens are "
+                    f"3-D (1, registers, hidden_size)")
+    elif registers is not None and registers != regs:
+        told.append(f"{said} num_register_tokens {registers}, its weights hold "
+                    f"{_count(regs, 'register token')}"
+                    + (f" ({E}register_tokens {tuple(reg.shape)})" if reg is not None else ""))
+    pos = state.get(E + "position_embeddings")
+    grid = 0
+    if pos is not None:
+        rows, k = (pos.shape[1] if pos.dim() == 3 else -1), 1 + int(dist)
+        if not _square(rows - k):
+            told.append(f"{E}position_embeddings has shape {tuple(pos.shape)}: {rows} rows less "
+                        f"{_count(k, 'prefix row')} is no square grid of patches")
+        else:
+            grid = math.isqrt(rows - k)
+            if image_size is not None:
+                gh, gw = image_size[0] // patch, image_size[1] // patch
+                if (gh, gw) != (grid, grid):
+                    told.append(f"{said} image_size {list(image_size)} at patch_size {patch} "
+                                f"(grid {gh}x{gw}, {k + gh * gw} position rows), its "
+                                f"{E}position_embeddings holds {rows} rows (grid {grid}x{grid})")
+    if told:
+        raise CheckpointError(f"{where}: " + "; ".join(told))
+
     classifier = next((c for c in ("classifier", "cls_classifier") if f"{c}.weight" in heads_out),
                       None)
-    num_classes = heads_out[f"{classifier}.weight"].shape[0] if classifier else 0
-    pos_rows = body["embeddings.position_embeddings"].shape[1] - 1 - int(dist)
-    grid = math.isqrt(pos_rows)
-    patch = hf["patch_size"]
-    mean, std = _hf_normalisation(directory)
-    cfg = ViTConfig(img_size=(grid * patch, grid * patch), patch_size=patch,
-                    in_chans=hf.get("num_channels", 3), width=width, depth=depth,
-                    heads=hf["num_attention_heads"],
-                    mlp_ratio=(hf["intermediate_size"] / width if "intermediate_size" in hf
-                               else float(hf.get("mlp_ratio", 4))),
-                    num_classes=num_classes, qkv_bias=hf.get("qkv_bias", True),
-                    norm_eps=hf.get("layer_norm_eps", 1e-12), class_token=True,
-                    dist_token=dist, dist_head="distillation_classifier.weight" in heads_out,
-                    num_registers=regs, pos_prefix_tokens=1 + int(dist),
-                    layer_scale=kind.startswith("dinov2"), pool="cls", pos_interp="bicubic",
-                    pos_antialias=kind == "dinov2_with_registers", mean=mean, std=std,
-                    name=f"hf-{kind}")
-    ours: dict[str, torch.Tensor] = {
-        "patch_embed.proj.weight": body["embeddings.patch_embeddings.projection.weight"],
-        "patch_embed.proj.bias": body["embeddings.patch_embeddings.projection.bias"],
-        "cls_token": body["embeddings.cls_token"],
-        "pos.pos_embed": body["embeddings.position_embeddings"],
-        "norm.weight": body["layernorm.weight"], "norm.bias": body["layernorm.bias"],
-    }
+    head = heads_out[f"{classifier}.weight"] if classifier else None
+    if head is not None and head.dim() != 2:
+        raise CheckpointError(f"{where}: {classifier}.weight has shape {tuple(head.shape)}; a "
+                              f"classifier is 2-D (labels, hidden_size)")
+    dist_head = "distillation_classifier.weight" in heads_out
+    # Our key <- the file's keys (three of them, concatenated, for qkv).
+    spec: list[tuple[str, tuple[str, ...]]] = [
+        ("patch_embed.proj.weight", (E + "patch_embeddings.projection.weight",)),
+        ("patch_embed.proj.bias", (E + "patch_embeddings.projection.bias",)),
+        ("cls_token", (E + "cls_token",)),
+        ("pos.pos_embed", (E + "position_embeddings",)),
+        ("norm.weight", (prefix + "layernorm.weight",)),
+        ("norm.bias", (prefix + "layernorm.bias",)),
+    ]
     if dist:
-        ours["dist_token"] = body["embeddings.distillation_token"]
+        spec.append(("dist_token", (E + "distillation_token",)))
     if regs:
-        ours["reg_token"] = body["embeddings.register_tokens"]
+        spec.append(("reg_token", (E + "register_tokens",)))
+    if dino:
+        names = {"norm1": "norm1", "norm2": "norm2", "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2"}
+    else:
+        names = {"norm1": "layernorm_before", "norm2": "layernorm_after",
+                 "mlp.fc1": "intermediate.dense", "mlp.fc2": "output.dense"}
     for i in range(depth):
-        b, o = f"encoder.layer.{i}.", f"blocks.{i}."
+        b, o = f"{L}{i}.", f"blocks.{i}."
         att = b + "attention.attention."
-        ours[o + "attn.qkv.weight"] = torch.cat([body[att + f"{n}.weight"]
-                                                 for n in ("query", "key", "value")])
-        if cfg.qkv_bias:
-            ours[o + "attn.qkv.bias"] = torch.cat([body[att + f"{n}.bias"]
-                                                   for n in ("query", "key", "value")])
-        ours[o + "attn.proj.weight"] = body[b + "attention.output.dense.weight"]
-        ours[o + "attn.proj.bias"] = body[b + "attention.output.dense.bias"]
-        if kind.startswith("dinov2"):
-            names = {"norm1": "norm1", "norm2": "norm2", "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2"}
-            ours[o + "ls1.gamma"] = body[b + "layer_scale1.lambda1"]
-            ours[o + "ls2.gamma"] = body[b + "layer_scale2.lambda1"]
-        else:
-            names = {"norm1": "layernorm_before", "norm2": "layernorm_after",
-                     "mlp.fc1": "intermediate.dense", "mlp.fc2": "output.dense"}
-        for mine, theirs in names.items():
-            for p in ("weight", "bias"):
-                ours[o + f"{mine}.{p}"] = body[b + f"{theirs}.{p}"]
+        qkv = ("query", "key", "value")
+        spec.append((o + "attn.qkv.weight", tuple(att + f"{n}.weight" for n in qkv)))
+        if qkv_bias:
+            spec.append((o + "attn.qkv.bias", tuple(att + f"{n}.bias" for n in qkv)))
+        spec += [(o + "attn.proj.weight", (b + "attention.output.dense.weight",)),
+                 (o + "attn.proj.bias", (b + "attention.output.dense.bias",))]
+        if dino:
+            spec += [(o + "ls1.gamma", (b + "layer_scale1.lambda1",)),
+                     (o + "ls2.gamma", (b + "layer_scale2.lambda1",))]
+        spec += [(o + f"{mine}.{p}", (b + f"{theirs}.{p}",))
+                 for mine, theirs in names.items() for p in ("weight", "bias")]
     if classifier:
-        ours["head.weight"], ours["head.bias"] = (heads_out[f"{classifier}.weight"],
-                                                  heads_out[f"{classifier}.bias"])
-    if cfg.dist_head and dist:
-        ours["head_dist.weight"] = heads_out["distillation_classifier.weight"]
-        ours["head_dist.bias"] = heads_out["distillation_classifier.bias"]
+        spec += [("head.weight", (f"{classifier}.weight",)), ("head.bias", (f"{classifier}.bias",))]
+    if dist_head and dist and classifier:
+        spec += [("head_dist.weight", ("distillation_classifier.weight",)),
+                 ("head_dist.bias", ("distillation_classifier.bias",))]
+
+    used = {t for _, theirs in spec for t in theirs}
+    missing = [t for _, theirs in spec for t in theirs if t not in state]
+    unused = sorted(set(state) - used)
+    ignored = [k for k in unused if any(p.match(k.removeprefix(prefix))
+                                        for p in HF_IRRELEVANT)]
+    unknown = [k for k in unused if k not in ignored]
+    problems = []
+    if missing:
+        problems.append(f"config.json ({kind}, {depth} layers, qkv_bias {qkv_bias}) needs "
+                        f"tensors its weights lack: {_some(missing)}")
+    if unknown:
+        problems.append(f"its weights hold tensors the {kind} mapping does not use: "
+                        f"{_some(unknown)}")
+    if problems:
+        raise CheckpointError(f"{where}: " + "; ".join(problems))
+    mean, std = _hf_normalisation(directory, in_chans)
+    try:
+        cfg = ViTConfig(img_size=(grid * patch, grid * patch), patch_size=patch,
+                        in_chans=in_chans, width=width, depth=depth, heads=heads,
+                        mlp_ratio=_mlp_ratio(hidden, width),
+                        num_classes=head.shape[0] if head is not None else 0,
+                        qkv_bias=qkv_bias, norm_eps=norm_eps, class_token=True,
+                        dist_token=dist, dist_head=dist_head, num_registers=regs,
+                        pos_prefix_tokens=1 + int(dist), layer_scale=dino, pool="cls",
+                        pos_interp="bicubic", pos_antialias=kind == "dinov2_with_registers",
+                        mean=mean, std=std, name=f"hf-{kind}")
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{where}: config.json and its weights give no valid config: "
+                              f"{e}") from None
+
+    shapes = _expected_shapes(cfg, blocks=depth) or {}
+    for ours, theirs in spec:
+        want = shapes.get(ours)
+        if want is None:
+            continue
+        part = (want[0] // len(theirs),) + want[1:] if want else want
+        problems += [f"{t}: checkpoint {tuple(state[t].shape)} vs expected {part}"
+                     for t in theirs if tuple(state[t].shape) != part]
+    if problems:
+        raise CheckpointError(f"{where}: its weights do not match config.json: shape mismatch: "
+                              f"{_some(problems)}")
+
+    ours = {mine: (torch.cat([state[t] for t in theirs]) if len(theirs) > 1 else state[theirs[0]])
+            for mine, theirs in spec}
     model = build_model(cfg, seed=None)
-    load_state(model, ours, source=str(directory))
+    load_state(model, ours, source=where)
+    if ignored:
+        warnings.warn(f"{where}: not used, these tensors do not change the exported outputs: "
+                      f"{_some(ignored)}", CheckpointWarning, stacklevel=2)
     return model
 
 
-def _hf_normalisation(directory: Path) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, OSError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise CheckpointError(f"{str(path)!r} is not JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{str(path)!r} is a JSON {type(data).__name__}, not an object")
+    return data
+
+
+class _HFConfig:
+    """Typed reads of config.json: a wrong type or range is a CheckpointError naming the key."""
+
+    def __init__(self, data: dict[str, Any], path: Path):
+        self.data, self.path = data, path
+
+    def _get(self, key: str, default: Any) -> Any:
+        if key not in self.data:
+            if default is _MISSING:
+                raise CheckpointError(f"{str(self.path)!r} has no {key}")
+            return _MISSING
+        return self.data[key]
+
+    def _fail(self, key: str, expected: str) -> CheckpointError:
+        return CheckpointError(f"{str(self.path)!r}: {key} must be {expected}, got "
+                               f"{repr(self.data[key])[:40]}")
+
+    def int(self, key: str, default: Any = _MISSING, *, minimum: int = 1) -> Any:
+        v = self._get(key, default)
+        if v is _MISSING:
+            return default
+        if not _is_int(v) or not minimum <= v < 2**31:
+            raise self._fail(key, f"an integer >= {minimum}")
+        return v
+
+    def pair(self, key: str, default: Any = _MISSING) -> Any:
+        """An int (square), or for image_size a pair of ints; patch_size a pair only if equal."""
+        v = self._get(key, default)
+        if v is _MISSING:
+            return default
+        if _is_int(v) and 1 <= v < 2**31:
+            return v if key == "patch_size" else (v, v)
+        if isinstance(v, list) and len(v) == 2 and all(_is_int(x) and 1 <= x < 2**31 for x in v):
+            if key != "patch_size":
+                return tuple(v)
+            if v[0] == v[1]:
+                return v[0]
+        raise self._fail(key, "a positive integer" + (" or a pair of them" if key != "patch_size"
+                                                      else ""))
+
+    def number(self, key: str, default: Any = _MISSING) -> Any:
+        v = self._get(key, default)
+        if v is _MISSING:
+            return default
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                or not 0 < v < 1e6:
+            raise self._fail(key, "a positive finite number")
+        return float(v)
+
+    def bool(self, key: str, default: Any = _MISSING) -> Any:
+        v = self._get(key, default)
+        if v is _MISSING:
+            return default
+        if not isinstance(v, bool):
+            raise self._fail(key, "true or false")
+        return v
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _hf_normalisation(directory: Path,
+                      channels: int = 3) -> tuple[tuple[float, ...], tuple[float, ...]]:
     pre = directory / "preprocessor_config.json"
     if pre.is_file():
-        data: dict[str, Any] = json.loads(pre.read_text())
+        data = _read_json(pre)
         if "image_mean" in data and "image_std" in data:
-            return tuple(data["image_mean"]), tuple(data["image_std"])
+            values = []
+            for key in ("image_mean", "image_std"):
+                v = data[key]
+                v = [v] * channels if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+                if not isinstance(v, list) or not v or not all(
+                        isinstance(x, (int, float)) and not isinstance(x, bool)
+                        and math.isfinite(x) for x in v):
+                    raise CheckpointError(f"{str(pre)!r}: {key} must be a list of numbers, got "
+                                          f"{repr(data[key])[:40]}")
+                values.append(tuple(float(x) for x in v))
+            return values[0], values[1]
     return IMAGENET_MEAN, IMAGENET_STD
