@@ -1,4 +1,9 @@
+"""Fixtures shared by the tests. Tests ask for these by name (pytest injects them); nothing
+here is imported as a module, except TINY_KINDS for parametrising."""
+
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -6,7 +11,7 @@ import torch
 
 from vit_deploy.config import variant
 from vit_deploy.export.bundle import ExportOptions, export_bundle
-from vit_deploy.export.model import build_model
+from vit_deploy.export.model import ViT, build_model
 
 # The tiny model: width 48, depth 2, heads 3, patch 8, native 32x32 (a 4x4 grid).
 TINY_KINDS = [("learned", "cls"), ("factorized", "mean")]
@@ -17,20 +22,33 @@ def _torch_threads():
     torch.set_num_threads(2)
 
 
-def tiny(pos_embed: str = "learned", pool: str = "cls", **kw):
+def _tiny(pos_embed: str = "learned", pool: str = "cls", **kw) -> ViT:
     return build_model(variant("tiny", pos_embed=pos_embed, pool=pool, **kw), seed=0)
+
+
+def _torch_logits(model: torch.nn.Module, x: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.from_numpy(x)).numpy()
+
+
+@pytest.fixture(scope="session")
+def make_tiny() -> Callable[..., ViT]:
+    """make_tiny(pos_embed="learned", pool="cls", **config overrides) -> a tiny ViT, seed 0
+    (the same weights on every call)."""
+    return _tiny
+
+
+@pytest.fixture(scope="session")
+def torch_logits() -> Callable[[torch.nn.Module, np.ndarray], np.ndarray]:
+    """torch_logits(model, x) -> the model's logits for the float32 batch x, as numpy."""
+    return _torch_logits
 
 
 @pytest.fixture(scope="session", params=TINY_KINDS, ids=lambda p: f"{p[0]}-{p[1]}")
 def tiny_bundle(request, tmp_path_factory):
     """A tiny model and its exported dynamic bundle (one export per kind per session)."""
     pos_embed, pool = request.param
-    model = tiny(pos_embed, pool)
+    model = _tiny(pos_embed, pool)
     out = tmp_path_factory.mktemp("bundles") / f"tiny-{pos_embed}-{pool}"
     result = export_bundle(model, out, options=ExportOptions(resolution=(48, 64)))
     return model, result
-
-
-def torch_logits(model, x: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.from_numpy(x)).numpy()

@@ -13,13 +13,11 @@ from vit_deploy.precisions import add_precisions
 from vit_deploy.parity import batch_independence
 from vit_deploy.runtime import RuntimeOptions, ViTSession
 
-from conftest import tiny
-
 
 @pytest.fixture(scope="module")
-def quantised_bundle(tmp_path_factory):
+def quantised_bundle(tmp_path_factory, make_tiny):
     out = tmp_path_factory.mktemp("check") / "b"
-    export_bundle(tiny(), out, options=ExportOptions(resolution=(24, 40), simplify=False))
+    export_bundle(make_tiny(), out, options=ExportOptions(resolution=(24, 40), simplify=False))
     add_precisions(out, ["int8", "int4"])
     return out
 
@@ -27,7 +25,7 @@ def quantised_bundle(tmp_path_factory):
 def test_check_every_case_against_pytorch(quantised_bundle):
     report = run_check(quantised_bundle, CheckOptions(providers=("cpu", "openvino"),
                                                       batches=(1, 3)))
-    assert report  # passes
+    assert report, report.to_markdown()  # CheckReport is true when every case passed
     labels = {(c.label, c.precision) for c in report.parity.cases}
     for p in ("fp32", "int8", "int4"):
         for res in ("24x40", "32x32"):
@@ -62,9 +60,9 @@ def test_corrupted_bundle_fails_check(quantised_bundle, tmp_path):
     assert r.exit_code != 0 and "sha256" in r.output and "Traceback" not in r.output
 
 
-def test_wrong_model_fails_check_with_a_table(quantised_bundle, tmp_path):
+def test_wrong_model_fails_check_with_a_table(quantised_bundle, tmp_path, make_tiny):
     other = tmp_path / "other"
-    export_bundle(tiny("factorized"), other, options=ExportOptions(simplify=False))
+    export_bundle(make_tiny("factorized"), other, options=ExportOptions(simplify=False))
     swapped = tmp_path / "swapped"
     shutil.copytree(quantised_bundle, swapped)
     shutil.copy(other / "weights.safetensors", swapped / "weights.safetensors")

@@ -65,11 +65,10 @@ def test_refuses_to_overwrite_a_directory_that_is_not_a_bundle(tmp_path):
     assert [p.name for p in out.iterdir()] == ["data.txt"]
 
 
-def test_checkpoint_round_trip(tmp_path):
-    from conftest import tiny
+def test_checkpoint_round_trip(tmp_path, make_tiny):
     from vit_deploy.export.checkpoints import save_weights
 
-    path = save_weights(tiny("factorized", "mean", num_classes=4), tmp_path / "w.safetensors")
+    path = save_weights(make_tiny("factorized", "mean", num_classes=4), tmp_path / "w.safetensors")
     r = run("export", "--model", "tiny", "--checkpoint", path, "--out", tmp_path / "b",
             "--no-simplify")
     assert r.exit_code == 0, r.output

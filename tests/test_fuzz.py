@@ -29,12 +29,11 @@ arrays = dtypes.flatmap(lambda dt: hnp.arrays(
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory):
-    from conftest import tiny
+def session(tmp_path_factory, make_tiny):
     from vit_deploy.export.bundle import ExportOptions, export_bundle
 
     out = tmp_path_factory.mktemp("fuzz") / "b"
-    export_bundle(tiny(), out, options=ExportOptions(simplify=False))
+    export_bundle(make_tiny(), out, options=ExportOptions(simplify=False))
     with ViTSession(out) as s:
         yield s
 

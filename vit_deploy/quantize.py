@@ -41,7 +41,8 @@ class QuantOptions:
     block_size: int = 32  # int4: weights per quantisation block
     head: bool = True  # quantise the classifier head too (measured harmless, README)
     # int8 (a CPU precision, ORT-only anyway): erf-GELU as ORT's contrib Gelu, bit-exact
-    # and 3.5 % faster on ViT-B/16 (ORT does not fuse the exporter's pattern itself).
+    # and 3.5 % faster on ViT-B/16 (ORT's session optimiser does not fuse the exporter's
+    # pattern itself; its offline FusionGelu, which fuse_gelu runs, does).
     fuse_gelu: bool = True
     fp16_keep_fp32: tuple[str, ...] = FP16_KEEP_FP32
 
@@ -253,92 +254,35 @@ def _int4(model: onnx.ModelProto, dst: Path, nodes: list[str], options: QuantOpt
 
 def _fp16(model: onnx.ModelProto, dst: Path, options: QuantOptions) -> None:
     from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
+    from onnxruntime.transformers.onnx_model import OnnxModel
 
     block = sorted(set(DEFAULT_OP_BLOCK_LIST) | set(options.fp16_keep_fp32))
     converted = convert_float_to_float16(model, keep_io_types=True, op_block_list=block,
                                          disable_shape_infer=False)
-    _topological_sort(converted.graph)  # the converter appends its input casts at the end
+    OnnxModel(converted).topological_sort()  # the converter appends its input casts at the end
     onnx.save(converted, str(dst))
 
 
 def fuse_gelu(path: Path) -> int:
     """Replace x * 0.5 * (1 + erf(x / sqrt 2)) (the dynamo exporter's GELU, any operand
-    order) by com.microsoft.Gelu(x) in the file at `path`; returns how many."""
-    from onnx import numpy_helper
+    order) by com.microsoft.Gelu(x) in the file at `path`; returns how many.
 
-    model = onnx.load(str(path))
-    g = model.graph
-    producer = {o: n for n in g.node for o in n.output}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for n in g.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
-    inits = {i.name: i for i in g.initializer}
+    ORT's own offline fusion (onnxruntime.transformers FusionGelu), measured against the
+    hand-written matcher it replaced on the tiny model's int8 graph: both fuse 2 of 2,
+    the same op counts (124 -> 116 nodes), and bit-identical logits."""
+    from onnxruntime.transformers.fusion_gelu import FusionGelu
+    from onnxruntime.transformers.onnx_model import OnnxModel
 
-    def scalar(name: str) -> float | None:
-        t = inits.get(name)
-        if t is None and name in producer and producer[name].op_type == "Constant":
-            t = producer[name].attribute[0].t
-        arr = numpy_helper.to_array(t) if t is not None else None
-        return float(arr) if arr is not None and arr.size == 1 else None
-
-    def only(name: str, op: str) -> onnx.NodeProto | None:
-        nodes = consumers.get(name, [])
-        return nodes[0] if len(nodes) == 1 and nodes[0].op_type == op else None
-
-    def near(v: float | None, target: float) -> bool:
-        return v is not None and abs(v - target) < 1e-6
-
-    doomed, fused = [], []
-    for erf in [n for n in g.node if n.op_type == "Erf"]:
-        div = producer.get(erf.input[0])
-        if div is None or div.op_type != "Div" or not near(scalar(div.input[1]), 2 ** 0.5):
-            continue
-        x = div.input[0]
-        add = only(erf.output[0], "Add")
-        if add is None or not near(scalar(next(i for i in add.input if i != erf.output[0])), 1.0):
-            continue
-        mul1 = only(add.output[0], "Mul")
-        mul2 = only(mul1.output[0], "Mul") if mul1 is not None else None
-        if mul2 is None:
-            continue
-        operands = [i for i in [*mul1.input, *mul2.input] if i not in (add.output[0], mul1.output[0])]
-        if x not in operands or not any(near(scalar(i), 0.5) for i in operands if i != x):
-            continue
-        doomed += [div, erf, add, mul1, mul2]
-        fused.append(onnx.helper.make_node("Gelu", [x], [mul2.output[0]], domain="com.microsoft",
-                                           name=f"{mul2.name}_gelu"))
+    model = OnnxModel(onnx.load(str(path)))
+    fusion = FusionGelu(model)
+    fusion.apply()  # also drops the initializers only the fused nodes read
+    fused = sum(n.op_type == "Gelu" for n in fusion.nodes_to_add)
     if not fused:
         return 0
-    for n in doomed:
-        g.node.remove(n)
-    g.node.extend(fused)
-    used = {i for n in g.node for i in n.input}
-    for init in [i for i in g.initializer if i.name not in used]:
-        g.initializer.remove(init)
-    for n in [n for n in g.node if n.op_type == "Constant" and n.output[0] not in used]:
-        g.node.remove(n)
-    if not any(o.domain == "com.microsoft" for o in model.opset_import):
-        model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
-    _topological_sort(g)
-    onnx.save(model, str(path))
-    return len(fused)
+    model.remove_unused_constant()
+    if not any(o.domain == "com.microsoft" for o in model.model.opset_import):
+        model.model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    model.topological_sort()  # the fused nodes were appended at the end
+    onnx.save(model.model, str(path))
+    return fused
 
-
-def _topological_sort(graph: onnx.GraphProto) -> None:
-    available = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
-    pending, ordered = list(graph.node), []
-    while pending:
-        ready = [n for n in pending if all(i in available for i in n.input)]
-        if not ready:
-            raise QuantizeError(f"graph has a cycle or dangling inputs near {pending[0].name!r}")
-        for n in ready:
-            ordered.append(n)
-            available.update(n.output)
-        ready_ids = {id(n) for n in ready}
-        pending = [n for n in pending if id(n) not in ready_ids]
-    copies = [onnx.NodeProto() for _ in ordered]
-    for c, n in zip(copies, ordered):
-        c.CopyFrom(n)
-    del graph.node[:]
-    graph.node.extend(copies)

@@ -1,12 +1,31 @@
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from conftest import tiny
 from vit_deploy.config import variant
 from vit_deploy.export.model import Attention, PatchEmbed, build_model, resample_pos_embed
+
+
+def _cubic_resize(a: np.ndarray, size: int, axis: int, A: float = -0.75) -> np.ndarray:
+    """Bicubic resampling of one axis written out from its definition (Keys' cubic
+    convolution, A = -0.75, half-pixel centres, edge samples repeated): what
+    F.interpolate(mode="bicubic", align_corners=False) without antialias computes, in
+    float64, to check the model's resampling against something it does not call."""
+    a = np.moveaxis(np.asarray(a, np.float64), axis, 0)
+    n = a.shape[0]
+    out = np.zeros((size, *a.shape[1:]))
+    for i in range(size):
+        x = (i + 0.5) * n / size - 0.5  # output pixel centre in input coordinates
+        f = int(np.floor(x))
+        t = x - f
+        weights = [((A * (t + 1) - 5 * A) * (t + 1) + 8 * A) * (t + 1) - 4 * A,
+                   ((A + 2) * t - (A + 3)) * t * t + 1,
+                   ((A + 2) * (1 - t) - (A + 3)) * (1 - t) * (1 - t) + 1,
+                   ((A * (2 - t) - 5 * A) * (2 - t) + 8 * A) * (2 - t) - 4 * A]
+        for k, w in enumerate(weights):
+            out[i] += w * a[min(max(f - 1 + k, 0), n - 1)]
+    return np.moveaxis(out, 0, axis)
 
 
 def test_patchify_raster_order():
@@ -51,18 +70,18 @@ def test_token_counts(res, patches, class_token):
 
 
 @pytest.mark.parametrize("pos_embed", ["learned", "factorized"])
-def test_cls_and_mean_pooling_give_logits_of_the_same_shape(pos_embed):
+def test_cls_and_mean_pooling_give_logits_of_the_same_shape(pos_embed, make_tiny):
     x = torch.randn(2, 3, 40, 24)
     with torch.no_grad():
-        a = tiny(pos_embed, "cls")(x)
-        b = tiny(pos_embed, "mean")(x)
+        a = make_tiny(pos_embed, "cls")(x)
+        b = make_tiny(pos_embed, "mean")(x)
     assert a.shape == b.shape == (2, 10)
     assert not torch.allclose(a, b)
 
 
 @pytest.mark.parametrize("pos_embed,pool", [("learned", "cls"), ("factorized", "mean")])
-def test_batch_independence(pos_embed, pool):
-    model = tiny(pos_embed, pool)
+def test_batch_independence(pos_embed, pool, make_tiny):
+    model = make_tiny(pos_embed, pool)
     x = torch.randn(4, 3, 32, 48)
     x2 = x.clone()
     x2[3] += 10.0
@@ -92,45 +111,55 @@ def test_resample_is_identity_at_native_grid(mode, antialias):
     assert torch.equal(out, table)
 
 
-def test_resample_matches_interpolate_and_changes_grid():
+@pytest.mark.parametrize("antialias", [False, True])
+def test_resample_matches_an_independent_bicubic_and_changes_grid(antialias):
+    from PIL import Image
+
     table = torch.randn(1, 4, 4, 8)
-    out = resample_pos_embed(table, (6, 3), mode="bicubic", antialias=True)
-    assert out.shape == (1, 6, 3, 8)
-    expected = F.interpolate(table.permute(0, 3, 1, 2), size=(6, 3), mode="bicubic",
-                             align_corners=False, antialias=True).permute(0, 2, 3, 1)
-    torch.testing.assert_close(out, expected)
+    out = resample_pos_embed(table, (6, 3), mode="bicubic", antialias=antialias)
+    assert out.shape == (1, 6, 3, 8)  # rows 4 -> 6 (up), columns 4 -> 3 (down)
+    grid = table[0].numpy()  # (gh, gw, D)
+    if antialias:  # torch's antialiased bicubic is Pillow's (A = -0.5, widened when shrinking)
+        expected = np.stack([np.asarray(Image.fromarray(grid[:, :, c]).resize(
+            (3, 6), Image.Resampling.BICUBIC)) for c in range(8)], axis=-1)
+    else:
+        expected = _cubic_resize(_cubic_resize(grid, 6, axis=0), 3, axis=1)
+    np.testing.assert_allclose(out[0].numpy(), expected, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("pos_embed", ["learned", "factorized"])
-def test_position_table_at_native_grid_is_the_parameter(pos_embed):
-    model = tiny(pos_embed)
-    prefix, cells = model.pos(model.cfg.grid_size)
+def test_position_table_at_native_grid_is_the_parameter(pos_embed, make_tiny):
+    model = make_tiny(pos_embed)
+    gh, gw = model.cfg.grid_size
+    prefix, cells = model.pos((gh, gw))
     if pos_embed == "learned":
         assert torch.equal(torch.cat([prefix, cells], 1), model.pos.pos_embed)
-    else:
-        expected = (model.pos.pos_row[:, :, None] + model.pos.pos_col[:, None]).flatten(1, 2)
-        assert torch.equal(cells, expected)
+    else:  # cell (i, j), in raster order, is row i + column j
+        for i in range(gh):
+            for j in range(gw):
+                assert torch.equal(cells[0, i * gw + j],
+                                   model.pos.pos_row[0, i] + model.pos.pos_col[0, j])
 
 
-def test_factorized_resampling_runs_along_each_axis():
-    model = tiny("factorized")
-    _, cells = model.pos((6, 4))  # rows resampled 4 -> 6, columns unchanged
-    grid = cells.reshape(6, 4, -1)
-    rows = F.interpolate(model.pos.pos_row.permute(0, 2, 1)[..., None], size=(6, 1),
-                         mode="bicubic", align_corners=False)[0, :, :, 0].T  # (6, D)
-    torch.testing.assert_close(grid, rows[:, None] + model.pos.pos_col[0][None], rtol=1e-5,
-                               atol=1e-6)
+def test_factorized_resampling_runs_along_each_axis(make_tiny):
+    model = make_tiny("factorized")
+    with torch.no_grad():
+        _, cells = model.pos((6, 4))  # rows resampled 4 -> 6, columns unchanged
+    grid = cells.reshape(6, 4, -1).numpy()
+    rows = _cubic_resize(model.pos.pos_row[0].detach().numpy(), 6, axis=0)  # (6, D)
+    cols = model.pos.pos_col[0].detach().numpy()  # (4, D)
+    np.testing.assert_allclose(grid, rows[:, None] + cols[None], rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("hw,match", [((30, 32), "height 30 .* nearest valid sizes: 24 or 32"),
                                       ((32, 4), "width 4 .* nearest valid sizes: 8")])
-def test_bad_input_size_is_a_value_error(hw, match):
+def test_bad_input_size_is_a_value_error(hw, match, make_tiny):
     with pytest.raises(ValueError, match=match):
-        tiny()(torch.randn(1, 3, *hw))
+        make_tiny()(torch.randn(1, 3, *hw))
 
 
-def test_frozen_copy_matches_dynamic_model_and_refuses_other_sizes():
-    model = tiny()
+def test_frozen_copy_matches_dynamic_model_and_refuses_other_sizes(make_tiny):
+    model = make_tiny()
     frozen = model.frozen_at(24, 40)
     x = torch.randn(2, 3, 24, 40)
     with torch.no_grad():
@@ -139,8 +168,8 @@ def test_frozen_copy_matches_dynamic_model_and_refuses_other_sizes():
         frozen(torch.randn(1, 3, 32, 32))
 
 
-def test_build_model_is_reproducible():
-    a, b = tiny(), tiny()
+def test_build_model_is_reproducible(make_tiny):
+    a, b = make_tiny(), make_tiny()
     x = torch.randn(1, 3, 32, 32)
     with torch.no_grad():
         assert torch.equal(a(x), b(x))

@@ -5,7 +5,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from conftest import tiny, torch_logits
+from vit_deploy.config import ViTConfig
 from vit_deploy.contract import INPUT_NAME, IR_VERSION, LOGITS_NAME, METADATA_CONFIG_KEY, MODEL_FILE
 from vit_deploy.export.onnx import OnnxOptions, export_onnx
 from vit_deploy.parity import judge, sample_inputs
@@ -23,7 +23,12 @@ def test_dynamic_dims_are_named_and_config_is_in_metadata(tiny_bundle):
     assert _dims(proto.graph.input[0]) == ["batch", 3, "height", "width"]
     assert _dims(proto.graph.output[0]) == ["batch", 10]
     meta = {p.key: p.value for p in proto.metadata_props}
-    assert json.loads(meta[METADATA_CONFIG_KEY]) == model.cfg.to_dict()
+    stored = json.loads(meta[METADATA_CONFIG_KEY])
+    # the tiny model's known shape, then a round trip back to the model's own config
+    assert (stored["width"], stored["depth"], stored["heads"], stored["patch_size"],
+            stored["img_size"], stored["num_classes"]) == (48, 2, 3, 8, [32, 32], 10)
+    assert (stored["pos_embed"], stored["pool"]) == (model.cfg.pos_embed, model.cfg.pool)
+    assert ViTConfig.from_dict(stored) == model.cfg
     onnx.checker.check_model(proto)
     onnx.shape_inference.infer_shapes(proto, strict_mode=True)
     assert "Resize" in {n.op_type for n in proto.graph.node}
@@ -32,7 +37,7 @@ def test_dynamic_dims_are_named_and_config_is_in_metadata(tiny_bundle):
 # Grids the export never saw: square, non-square, 1x1, odd, larger than native.
 @pytest.mark.parametrize("hw", [(32, 32), (8, 8), (24, 40), (56, 72), (8, 128), (96, 96)])
 @pytest.mark.parametrize("batch", [1, 3])
-def test_onnx_matches_pytorch_at_any_grid(tiny_bundle, hw, batch):
+def test_onnx_matches_pytorch_at_any_grid(tiny_bundle, torch_logits, hw, batch):
     model, result = tiny_bundle
     session = ort.InferenceSession(str(result.path / MODEL_FILE), providers=["CPUExecutionProvider"])
     x = sample_inputs(hw, batch, seed=7)
@@ -41,8 +46,8 @@ def test_onnx_matches_pytorch_at_any_grid(tiny_bundle, hw, batch):
     assert case.passed, case
 
 
-def test_static_export_has_no_resize_and_fixed_size(tmp_path):
-    model = tiny()
+def test_static_export_has_no_resize_and_fixed_size(tmp_path, make_tiny, torch_logits):
+    model = make_tiny()
     path = export_onnx(model, tmp_path / "static.onnx",
                        options=OnnxOptions(static_resolution=(24, 40)))
     proto = onnx.load(str(path))
@@ -56,8 +61,8 @@ def test_static_export_has_no_resize_and_fixed_size(tmp_path):
         session.run(None, {INPUT_NAME: sample_inputs((32, 32), 1)})
 
 
-def test_features_output(tmp_path):
-    model = tiny("factorized", "mean")
+def test_features_output(tmp_path, make_tiny, torch_logits):
+    model = make_tiny("factorized", "mean")
     path = export_onnx(model, tmp_path / "f.onnx", options=OnnxOptions(features=True))
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     assert [o.name for o in session.get_outputs()] == ["logits", "pooled"]
@@ -67,7 +72,7 @@ def test_features_output(tmp_path):
     np.testing.assert_allclose(logits, torch_logits(model, x), atol=1e-5)
 
 
-def test_opset_below_18_is_refused(tmp_path):
+def test_opset_below_18_is_refused(tmp_path, make_tiny):
     with pytest.raises(ValueError, match="opset must be >= 18"):
-        export_onnx(tiny(), tmp_path / "x.onnx", options=OnnxOptions(opset=17))
+        export_onnx(make_tiny(), tmp_path / "x.onnx", options=OnnxOptions(opset=17))
     assert not any(tmp_path.iterdir())
