@@ -6,6 +6,7 @@ checked against PyTorch under the fp32 policy.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -227,7 +228,7 @@ def choose_exclusions(evaluator: Evaluator, precision: str, quant: QuantOptions,
     def drop_with(exclude: tuple[str, ...]) -> float:
         path = tmp / f"probe.{precision}.onnx"
         quantize_model(evaluator.reference, path, precision=precision, calibration=calibration,
-                       options=QuantOptions(**{**quant.__dict__, "exclude": exclude}))
+                       options=dataclasses.replace(quant, exclude=exclude))
         return evaluator.drop(path, precision)
 
     base = tuple(quant.exclude)
@@ -256,7 +257,7 @@ def choose_exclusions(evaluator: Evaluator, precision: str, quant: QuantOptions,
             f"now {total:.4g}")
     ranking += [{"layer": p, "drop_alone": round(alone[p], 6), "kept_float": False}
                 for p in ranked if p not in excluded]
-    return QuantOptions(**{**quant.__dict__, "exclude": tuple(excluded)}), ranking
+    return dataclasses.replace(quant, exclude=tuple(excluded)), ranking
 
 
 def _measure(evaluator: Evaluator, path: Path, precision: str,
