@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -31,6 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from vit_deploy.contract import BUNDLE_FORMAT, MANIFEST_NAME
+from vit_deploy.runtime.manifest import sha256_file
 
 REPOSITORY_FORMAT = "vit-deploy-triton-repository"  # what `vit-deploy triton` writes
 OUR_FORMATS = (BUNDLE_FORMAT, REPOSITORY_FORMAT)
@@ -74,7 +74,7 @@ def owned_files(directory: Path) -> set[str] | None:
         return None
     for name, digest in files.items():
         try:
-            if not isinstance(digest, str) or _sha256(Path(directory) / name) != digest:
+            if not isinstance(digest, str) or sha256_file(Path(directory) / name) != digest:
                 return None
         except OSError:
             return None
@@ -87,7 +87,7 @@ def is_bundle(path: Path) -> bool:
 
 def repository_record(root: Path, source: str) -> dict:
     """The manifest of a directory we write that is not a bundle: every file's hash."""
-    files = {p.relative_to(root).as_posix(): _sha256(p)
+    files = {p.relative_to(root).as_posix(): sha256_file(p)
              for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST_NAME}
     return {"format": REPOSITORY_FORMAT, "format_version": 1, "source_bundle": source,
             "files": files}
@@ -224,7 +224,7 @@ def _swap(new: Path, dst: Path) -> None:
         os.rename(new, dst)
         _step("renamed")
         return
-    digest = _sha256(new / MANIFEST_NAME) if (new / MANIFEST_NAME).is_file() else ""
+    digest = sha256_file(new / MANIFEST_NAME) if (new / MANIFEST_NAME).is_file() else ""
     old = dst.parent / f".{dst.name}.old-{os.getpid()}"
     exchange = _can_exchange()
     record = {"staged": new.name, "manifest_sha256": digest,
@@ -268,7 +268,7 @@ def recover(dst: Path) -> None:
             raise OutputExistsError(f"{str(journal)!r} is not a journal vit-deploy can read; "
                                     f"look at it and remove it") from None
         swapped = ((dst / MANIFEST_NAME).is_file() and digest
-                   and _sha256(dst / MANIFEST_NAME) == digest)
+                   and sha256_file(dst / MANIFEST_NAME) == digest)
         if old is None:  # exchange: `staged` holds the old version if the swap happened
             if swapped:
                 _adopt_extras(staged, dst)
@@ -367,14 +367,6 @@ def _link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
 
 
 link_or_copy = _link_or_copy
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _umask() -> int:
