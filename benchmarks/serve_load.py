@@ -2,7 +2,7 @@
 
     python benchmarks/serve_load.py BUNDLE --concurrency 1,8 --requests 32 [--precision int8]
 
-Starts the server on a free loopback port, sends PNG images from `concurrency` threads,
+Starts the server on a loopback port the OS picks, sends PNG images from `concurrency` threads,
 reports requests/s, p50 / p99 latency and how the server batched them, then stops it.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import io
-import socket
+import re
 import statistics
 import subprocess
 import sys
@@ -31,21 +31,17 @@ def main() -> None:
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--max-wait-ms", type=float, default=5.0)
     args = p.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "vit_deploy.cli", "serve", args.bundle,
-                             "--port", str(port), "--precision", args.precision,
+                             "--port", "0", "--precision", args.precision,
                              "--max-batch", str(args.max_batch), "--max-wait-ms",
-                             str(args.max_wait_ms)])
-    url = f"http://127.0.0.1:{port}"
+                             str(args.max_wait_ms)], stdout=subprocess.PIPE, text=True)
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+        # `serve` prints its URL (the port the OS chose) once the socket listens
+        line = proc.stdout.readline()
+        found = re.search(r" on (http://\S+)", line)
+        if not found:
+            raise SystemExit(f"serve did not start: {line!r}")
+        url = found.group(1)
         buf = io.BytesIO()
         rng = np.random.default_rng(0)
         Image.fromarray(rng.integers(0, 255, (480, 640, 3), dtype=np.uint8)).save(buf, "PNG")

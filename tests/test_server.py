@@ -6,6 +6,7 @@ request is queued, a batch that cannot start before its second request), never f
 import asyncio
 import contextlib
 import io
+import re
 import logging
 import queue
 import socket
@@ -13,7 +14,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -35,12 +35,6 @@ LONG_WAIT_MS = 600_000  # with max_batch=2: a batch starts only when its second 
 CRASH = b"\x89PNG\r\n\x1a\n this payload crashes the decoder"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _png(value: int, size=(40, 50)) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(np.full((*size, 3), value, np.uint8)).save(buf, format="PNG")
@@ -53,20 +47,18 @@ def _png(value: int, size=(40, 50)) -> bytes:
 @pytest.fixture(scope="module")
 def server(tiny_bundle):
     _, result = tiny_bundle
-    port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "vit_deploy.cli", "serve", str(result.path),
-                             "--port", str(port), "--max-batch", "8", "--max-wait-ms", "100",
-                             "--top-k", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    else:
+                             "--port", "0", "--max-batch", "8", "--max-wait-ms", "100",
+                             "--top-k", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    # Event-driven: `serve` prints its URL (with the port the OS chose) once the socket
+    # listens, so the first request is queued, never refused. No polling, no port race.
+    line = proc.stdout.readline()
+    found = re.search(r" on (http://\S+)", line)
+    if not found:
         proc.kill()
-        raise RuntimeError(proc.stderr.read().decode())
+        raise RuntimeError(f"serve did not start: {line!r} {proc.stderr.read()}")
+    url = found.group(1)
     yield url, result.path
     proc.terminate()
     proc.wait(timeout=10)

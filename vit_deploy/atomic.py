@@ -29,11 +29,10 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from vit_deploy.contract import BUNDLE_FORMAT, MANIFEST_NAME
-from vit_deploy.runtime.manifest import sha256_file
+from vit_deploy.contract import MANIFEST_NAME
+from vit_deploy.runtime.manifest import MAX_MANIFEST_BYTES, BundleError, load_manifest, sha256_file
 
 REPOSITORY_FORMAT = "vit-deploy-triton-repository"  # what `vit-deploy triton` writes
-OUR_FORMATS = (BUNDLE_FORMAT, REPOSITORY_FORMAT)
 
 # Called with the name of each step of a swap; tests set it to kill the process there.
 _step: Callable[[str], None] = lambda _name: None
@@ -51,26 +50,22 @@ class BusyError(RuntimeError):
 def owned_files(directory: Path) -> set[str] | None:
     """The files our manifest in `directory` lists (manifest included) if the manifest is
     ours and every file matches its hash; None for anything else."""
-    path = Path(directory) / MANIFEST_NAME
+    directory = Path(directory)
     try:
-        if path.stat().st_size > 16 * 2**20:
+        return set(load_manifest(directory).owned_files())  # a bundle, verified
+    except BundleError:
+        pass
+    except OSError:
+        return None
+    path = directory / MANIFEST_NAME  # else perhaps a Triton repository we wrote
+    try:
+        if path.stat().st_size > MAX_MANIFEST_BYTES:
             return None
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
         return None
-    if not isinstance(data, dict) or data.get("format") not in OUR_FORMATS:
-        return None
-    if data.get("format") == BUNDLE_FORMAT:
-        from vit_deploy.runtime.manifest import BundleError, Manifest
-
-        try:
-            manifest = Manifest.from_dict(data)
-            manifest.verify_files(directory)
-        except (BundleError, OSError):
-            return None
-        return set(manifest.owned_files())
-    files = data.get("files")
-    if not isinstance(files, dict):
+    files = data.get("files") if isinstance(data, dict) else None
+    if data.get("format") != REPOSITORY_FORMAT or not isinstance(files, dict):
         return None
     for name, digest in files.items():
         try:
@@ -213,9 +208,9 @@ def _carry_over(old: Path, new: Path, owned: set[str], *, force: bool) -> None:
                     f"same name; move it away, or pass --force to replace it")
             continue
         if src.is_dir() and not src.is_symlink():
-            shutil.copytree(src, dst, symlinks=True, copy_function=_link_or_copy)
+            shutil.copytree(src, dst, symlinks=True, copy_function=link_or_copy)
         else:
-            _link_or_copy(src, dst)
+            link_or_copy(src, dst)
 
 
 def _swap(new: Path, dst: Path) -> None:
@@ -354,7 +349,7 @@ def write_bytes_atomic(dst: str | os.PathLike, data: bytes) -> Path:
     return dst
 
 
-def _link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+def link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
     """A hard link (a multi-GB model is not copied), else a copy."""
     Path(dst).parent.mkdir(parents=True, exist_ok=True)
     if os.path.islink(src):
@@ -364,9 +359,6 @@ def _link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
-
-
-link_or_copy = _link_or_copy
 
 
 def _umask() -> int:

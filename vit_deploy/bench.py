@@ -143,8 +143,8 @@ def run_bench(bundle: str | Path, options: BenchOptions = BenchOptions(),
     resolutions = options.resolutions or (manifest.deploy_resolution,)
     for hw in resolutions:
         manifest.require_size(hw)
-        for b in options.batches:
-            guard_memory(*hw, cfg, batch=b)
+    largest = max(resolutions, key=lambda hw: hw[0] * hw[1])
+    guard_memory(*largest, cfg, batch=max(options.batches))
     groups = [(hw, b, t) for hw in resolutions for b in options.batches for t in options.threads]
     total = len(groups) * (options.runs if options.seconds is None else 1)
     done = 0
@@ -469,11 +469,13 @@ class Comparison:
 def compare_reports(paths: Sequence[str | Path]) -> Comparison:
     """`vit-deploy bench --compare a.json b.json`: reports from other runs or machines."""
     reports = load_reports(paths)
+    keys = ("requested", "precision", "resolution", "batch", "threads")
     for p, r in zip(paths, reports):
-        try:
-            for c in r["cases"]:
-                c["requested"], c["precision"], c["resolution"][1], c["batch"], c["threads"]
-        except (KeyError, TypeError, IndexError):
+        cases = r.get("cases") if isinstance(r, dict) else None
+        if not isinstance(cases, list) or not all(
+                isinstance(c, dict) and all(k in c for k in keys)
+                and isinstance(c["resolution"], list) and len(c["resolution"]) == 2
+                for c in cases):
             raise ValueError(f"{str(p)!r} is not a vit-deploy bench report (saved with "
                              f"--json)") from None
     return Comparison([str(p) for p in paths], reports)

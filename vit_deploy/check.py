@@ -89,8 +89,8 @@ def run_check(bundle: str | Path, options: CheckOptions = CheckOptions(),
                                                               manifest.native_resolution]))
     for hw in resolutions:
         manifest.require_size(hw)
-    for b in options.batches:
-        guard_memory(*max(resolutions, key=lambda hw: hw[0] * hw[1]), manifest.config, batch=b)
+    largest = max(resolutions, key=lambda hw: hw[0] * hw[1])
+    guard_memory(*largest, manifest.config, batch=max(options.batches))
     progress("rebuilding the PyTorch reference from the bundle's weights")
     reference = _torch_reference(bundle, manifest)
     C = manifest.config.in_chans

@@ -133,15 +133,15 @@ class Evaluator:
             self.resolutions = [native, other]
         self.inputs = [sample_inputs(hw, 2, channels=cfg.in_chans, seed=11)
                        for hw in self.resolutions]
-        with ViTSession(self.reference) as s:
-            self.refs = [s.run(x) for x in self.inputs]
         self.digits = None
         if eval_set == "digits":
             from vit_deploy.data import load_digits_split, normalise
 
             split = load_digits_split()
             self.digits = (normalise(split["test_images"]), split["test_labels"])
-            with ViTSession(self.reference) as s:
+        with ViTSession(self.reference) as s:  # one fp32 session for every reference
+            self.refs = [s.run(x) for x in self.inputs]
+            if self.digits is not None:
                 self.fp32_pred = s.run(self.digits[0]).argmax(1)
 
     def parity(self, path: Path, precision: str) -> ParityReport:

@@ -23,7 +23,7 @@ from typing import Any
 from vit_deploy.config import ViTConfig
 from vit_deploy.contract import (BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, INTERPOLATIONS,
                                  MANIFEST_NAME, RESIZE_RULES, WEIGHTS_ROLE, model_role)
-from vit_deploy.sizes import MAX_SIDE, format_resolution
+from vit_deploy.sizes import MAX_SIDE, format_resolution, require_patch_multiple
 
 MAX_MANIFEST_BYTES = 16 * 2**20  # ours are ~10 KB; a manifest is read whole before parsing
 MAX_DEPTH = 16  # nesting of the JSON; ours is 6 deep
@@ -146,18 +146,17 @@ class Manifest:
         return self.resolve(root, self.model_file(precision))
 
     def allows(self, hw: tuple[int, int]) -> bool:
-        P = self.io.patch_size
-        if not self.io.dynamic:
-            return tuple(hw) == self.deploy_resolution
-        return all(s >= P and s % P == 0 for s in hw)
+        try:
+            self.require_size(hw)
+        except ValueError:
+            return False
+        return True
 
     def require_size(self, hw: tuple[int, int]) -> None:
         """ValueError unless the bundle's graphs take `hw` (static bundles: one size)."""
         if not self.io.dynamic and tuple(hw) != self.deploy_resolution:
             raise ValueError(f"this bundle is static at {format_resolution(self.deploy_resolution)}"
                              f", cannot run {format_resolution(tuple(hw))}")
-        from vit_deploy.sizes import require_patch_multiple
-
         require_patch_multiple(*hw, self.io.patch_size)
 
     def recipe(self, precision: str) -> Mapping[str, Any]:
