@@ -1,5 +1,5 @@
 """Fixtures shared by the tests. Tests ask for these by name (pytest injects them); nothing
-here is imported as a module, except TINY_KINDS for parametrising."""
+here is imported as a module."""
 
 from __future__ import annotations
 
