@@ -2,6 +2,7 @@ import csv
 import io
 import json
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -69,3 +70,18 @@ def test_bench_bad_arguments(tiny_bundle, args, message):
     _, result = tiny_bundle
     r = CliRunner().invoke(main, ["bench", str(result.path), *args])
     assert r.exit_code == 2 and message in r.output, r.output
+
+
+def test_bench_plot_and_budget(quantised_bundle, tmp_path):
+    png, j = tmp_path / "p.png", tmp_path / "b.json"
+    r = CliRunner().invoke(main, ["bench", str(quantised_bundle), "--precision", "fp32,int8",
+                                  "--res", "16,32,64", "--runs", "3", "--warmup", "0",
+                                  "--sessions", "1", "--plot", str(png), "--json", str(j),
+                                  "--budget-ms", "10000"])
+    assert r.exit_code == 0, r.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    budget = json.loads(j.read_text())["budget"]
+    assert {b["precision"] for b in budget} == {"fp32", "int8"}
+    assert all(b["resolution"] == [64, 64] for b in budget)  # everything fits 10 s
+    assert "within 10000 ms p90 at batch 1 on cpu fp32: up to 64x64" in r.output
+    assert np.isfinite([b["p90_ms"] for b in budget]).all()

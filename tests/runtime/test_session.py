@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from vit_deploy.contract import MANIFEST_NAME, MODEL_FILE
-from vit_deploy.parity import sample_inputs
+from vit_deploy.parity import batch_independence, sample_inputs
 from vit_deploy.runtime import (BundleError, InputError, ProviderError, RuntimeOptions, ViTSession,
                                 parse_providers, probe)
 
@@ -175,3 +175,15 @@ def test_nonfinite_inputs_can_be_rejected(tiny_bundle):
     with ViTSession(result.path, options=RuntimeOptions(reject_nonfinite=True)) as s:
         with pytest.raises(InputError, match="1 NaN/Inf"):
             s.run(x)
+
+
+def test_dynamic_int8_couples_a_batch_so_the_session_splits_it(quantised_bundle):
+    with ViTSession(quantised_bundle, precision="int8") as s:
+        assert s.batch_coupled and s.split_batches
+        assert batch_independence(s.run, (24, 40), subject="split").passed
+    with ViTSession(quantised_bundle, precision="int8",
+                    options=RuntimeOptions(split_batches=False)) as s:
+        # one activation scale per tensor: other images move when one changes
+        assert not batch_independence(s.run, (24, 40), subject="batched").passed
+    with ViTSession(quantised_bundle, precision="int4") as s:
+        assert not s.batch_coupled
