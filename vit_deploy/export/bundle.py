@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 
-import numpy as np
 
 from vit_deploy.atomic import atomic_directory
 from vit_deploy.contract import (BATCH_DIM, FEATURES_NAME,
@@ -235,7 +234,7 @@ def model_from_flags(model: str = "B", *, patch: int | None = None,
     for flag, given, loaded in (("--patch", patch, vit.cfg.patch_size),
                                 ("--num-classes", num_classes, vit.cfg.num_classes),
                                 ("--native-res", native_res, vit.cfg.img_size)):
-        if given is not None and tuple(np.atleast_1d(given)) != tuple(np.atleast_1d(loaded)):
+        if given is not None and given != loaded:  # ints, or (H, W) tuples
             raise CheckpointError(f"{flag} {given} contradicts the checkpoint, which has "
                                   f"{loaded}; drop {flag} (resampling is not supported)")
     return vit, fmt

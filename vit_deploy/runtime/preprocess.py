@@ -72,18 +72,11 @@ class Preprocess:
         return self.array(load_image(image))
 
     def array(self, image: Image.Image) -> np.ndarray:
-        _check_resize(self, *image.size)
-        th, tw = self.target_size(*image.size)
-        resample = _RESAMPLE[self.interpolation]
-        if self.resize == "shorter_side_center_crop":
-            w, h = image.size
-            s = max(th / h, tw / w)
-            rw, rh = max(tw, round(w * s)), max(th, round(h * s))
-            image = image.resize((rw, rh), resample)
+        (th, tw), (rh, rw) = _resize_plan(self, *image.size)  # refused here if too large
+        image = image.resize((rw, rh), _RESAMPLE[self.interpolation])
+        if (rh, rw) != (th, tw):  # shorter side resized to cover the target: centre crop
             left, top = (rw - tw) // 2, (rh - th) // 2
             image = image.crop((left, top, left + tw, top + th))
-        else:
-            image = image.resize((tw, th), resample)
         x = np.asarray(image, dtype=np.float32) * np.float32(self.scale)  # (H, W, C)
         x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
         require_patch_multiple(th, tw, self.patch_size)
@@ -181,11 +174,12 @@ def _check_pixels(width: int, height: int, what: str, max_pixels: int) -> None:
                          f"of {max_pixels} (decompression-bomb guard)")
 
 
-def _check_resize(pre: Preprocess, width: int, height: int) -> None:
-    """Refuse, before resizing, what a resize rule would blow up: under patch_multiple a
-    1x40000 strip becomes a 224 x 8,960,000 input; under the center crop it is first scaled
-    to cover the crop. Limits: MAX_SIDE for the model input's sides, MAX_PIXELS for any
-    image the resize makes."""
+def _resize_plan(pre: Preprocess, width: int, height: int
+                 ) -> tuple[tuple[int, int], tuple[int, int]]:
+    """((H, W) of the model input, (H, W) the image is resized to before any crop), refused
+    before resizing when a rule would blow the image up: under patch_multiple a 1x40000
+    strip becomes a 224 x 8,960,000 input; under the center crop it is first scaled to cover
+    the crop. Limits: MAX_SIDE for the model input's sides, MAX_PIXELS for the resized image."""
     if width < 1 or height < 1:
         raise ImageError(f"image is {width}x{height}: expected at least 1x1 pixels")
     th, tw = pre.target_size(width, height)
@@ -193,20 +187,14 @@ def _check_resize(pre: Preprocess, width: int, height: int) -> None:
     if max(th, tw) > MAX_SIDE:
         raise ImageError(f"a {width}x{height} image becomes a {tw}x{th} input under {rule}; "
                          f"expected sides of at most {MAX_SIDE}")
-    rh, rw = _resized_size(pre, width, height)
+    rh, rw = th, tw
+    if pre.resize == "shorter_side_center_crop":
+        s = max(th / height, tw / width)
+        rh, rw = max(th, round(height * s)), max(tw, round(width * s))
     if rw * rh > MAX_PIXELS:
         raise ImageError(f"a {width}x{height} image is resized to {rw}x{rh} = {rw * rh} pixels "
                          f"under {rule}, over the limit of {MAX_PIXELS}")
-
-
-def _resized_size(pre: Preprocess, width: int, height: int) -> tuple[int, int]:
-    """(H, W) Preprocess.array passes to Image.resize (the same arithmetic): the target, or
-    for the center crop the covering size it then crops from."""
-    th, tw = pre.target_size(width, height)
-    if pre.resize != "shorter_side_center_crop":
-        return th, tw
-    s = max(th / height, tw / width)
-    return max(th, round(height * s)), max(tw, round(width * s))
+    return (th, tw), (rh, rw)
 
 
 def _upright(image: Image.Image) -> Image.Image:
