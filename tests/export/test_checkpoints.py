@@ -489,6 +489,18 @@ def _near(value):
     return st.none()
 
 
+def _loaded_or_refused(load, *args, **kwargs):
+    """What the loader returns, or None when it refuses with a CheckpointError (the only
+    failure allowed); either outcome is a hypothesis event, so the mix is visible."""
+    try:
+        result = load(*args, **kwargs)
+    except CheckpointError:
+        event("refused")
+        return None
+    event("loaded")
+    return result
+
+
 @FUZZ
 @given(field_value=st.sampled_from(sorted(TINY.to_dict()) + ["unknown_field"]).flatmap(
     lambda f: st.tuples(st.just(f), _near(TINY.to_dict().get(f)) | JSON_VALUES)))
@@ -496,13 +508,11 @@ def test_fuzz_our_config_field(tiny_state, field_value):
     field, value = field_value
     config = _cfg(**{field: value})
     with tempfile.TemporaryDirectory() as d:
-        path = _write_ours(Path(d) / "m.safetensors", tiny_state, config)
-        try:
-            model, fmt = load_any(path)
-        except CheckpointError:
-            event("refused")
-            return
-    event("loaded")
+        loaded = _loaded_or_refused(load_any, _write_ours(Path(d) / "m.safetensors",
+                                                          tiny_state, config))
+    if loaded is None:
+        return
+    model, fmt = loaded
     assert fmt == "vit-deploy"
     _assert_consistent(model, tiny_state, ViTConfig.from_dict(config))
     with torch.no_grad():
@@ -543,15 +553,13 @@ def _edited(state, edit):
 def test_fuzz_tensors(tiny_state, fmt, data):
     edit = data.draw(state_edits(sorted(tiny_state)))
     state = _edited(tiny_state, edit)
-    try:
-        if fmt == "ours":
-            model = model_from_state(state, {CONFIG_KEY: TINY.to_json()}, source="fuzz")
-        else:
-            model = load_timm(_timm_state(state), source="fuzz", heads=3)
-    except CheckpointError:
-        event("refused")
+    if fmt == "ours":
+        model = _loaded_or_refused(model_from_state, state, {CONFIG_KEY: TINY.to_json()},
+                                   source="fuzz")
+    else:
+        model = _loaded_or_refused(load_timm, _timm_state(state), source="fuzz", heads=3)
+    if model is None:
         return
-    event("loaded")
     _assert_consistent(model, state)
 
 
@@ -566,14 +574,12 @@ def test_fuzz_hf_config_field(hf_vit, field, value):
     reference = json.loads((hf_vit / "config.json").read_text())
     with tempfile.TemporaryDirectory() as d:
         directory = _hf_copy(hf_vit, Path(d) / "hf", {field: value})
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error")
-                model, fmt = load_any(directory)
-        except CheckpointError:
-            event("refused")
-            return
-    event("loaded")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            loaded = _loaded_or_refused(load_any, directory)
+    if loaded is None:
+        return
+    model, fmt = loaded
     assert fmt == "hf"
     c = model.cfg
     assert (c.width, c.depth, c.heads, c.patch_size, c.in_chans, c.num_classes) == (
