@@ -83,13 +83,13 @@ def test_predict_health_metadata(server):
 
 def test_concurrent_requests_are_batched(server):
     url, _ = server
-    before = httpx.get(f"{url}/metrics").json()
+    before = httpx.get(f"{url}/stats").json()
     with ThreadPoolExecutor(8) as pool:
         responses = list(pool.map(lambda i: httpx.post(
             f"{url}/predict", content=_png(i * 20), headers={"content-type": "image/png"},
             timeout=30), range(8)))
     assert all(r.status_code == 200 for r in responses)
-    after = httpx.get(f"{url}/metrics").json()
+    after = httpx.get(f"{url}/stats").json()
     assert after["requests"] - before["requests"] == 8
     assert after["batches"] - before["batches"] < 8  # some requests shared a batch
     assert max(r.json()["batch_size"] for r in responses) > 1
@@ -168,7 +168,7 @@ def test_a_crashing_decoder_costs_only_its_own_request(session, exc):
         r = client.post("/predict", content=_png(90), headers=PNG)
         assert r.status_code == 200 and len(r.json()["top"]) == 5
         assert client.get("/health").status_code == 200
-        m = client.get("/metrics").json()
+        m = client.get("/stats").json()
         assert (m["errors"], m["requests"], m["worker_errors"]) == (1, 1, 0)
 
 
@@ -179,7 +179,7 @@ def test_a_crashing_decoder_does_not_harm_its_batch_mate(session, exc):
         _crash_on(batcher, CRASH, exc)
         bad, good = _pair(client, CRASH, _png(90))
         assert bad.status_code == 400 and good.status_code == 200, (bad.text, good.text)
-        assert client.get("/metrics").json()["batches"] == 1  # they were one batch
+        assert client.get("/stats").json()["batches"] == 1  # they were one batch
         assert [r.json()["batch_size"] for r in _pair(client, _png(1), _png(2))] == [2, 2]
 
 
@@ -247,7 +247,7 @@ def test_the_worker_loop_survives_its_own_bugs(session, monkeypatch, caplog, whe
         assert r.status_code == 500 and "AttributeError: a bug in the loop" in r.json()["error"]
         r = client.post("/predict", content=_png(90), headers=PNG)
         assert r.status_code == 200 and client.get("/health").status_code == 200
-        assert client.get("/metrics").json()["worker_errors"] == 1
+        assert client.get("/stats").json()["worker_errors"] == 1
     errors = [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
     assert len(errors) == 1 and logged in errors[0].getMessage()
     assert "\n" not in errors[0].getMessage() and not errors[0].exc_info
@@ -344,12 +344,15 @@ def test_metrics_stay_bounded(session, monkeypatch):
     with running(session, max_wait_ms=0) as (client, batcher):
         for i in range(20):
             assert client.post("/predict", content=_png(i), headers=PNG).status_code == 200
-        m = client.get("/metrics").json()
-    assert len(batcher.metrics.latency.recent) == batcher.metrics.latency.recent.maxlen == 8
+        m = client.get("/stats").json()
+    recent = batcher.metrics.latency["predict"].recent
+    assert len(recent) == recent.maxlen == 8
     assert {"requests", "images", "batches", "max_batch_seen", "errors", "max_batch",
-            "max_wait_ms", "queue_depth", "max_queue"} <= set(m)
+            "max_wait_ms", "queue_depth", "max_queue", "batch_sizes", "responses"} <= set(m)
     assert m["requests"] == m["images"] == 20 and m["batches"] == 20
-    lat = m["latency_ms"]
+    assert m["batch_sizes"] == {"1": 20} and m["responses"] == {"predict": {"200": 20}, "v2": {}}
+    assert len(batcher.metrics.latency["v2"].recent) == 0
+    lat = m["latency_ms"]["predict"]
     assert lat["count"] == 20 and lat["window"] == 8 and lat["buckets"]["+Inf"] == 20
     assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"]
 
@@ -388,7 +391,7 @@ def test_a_full_queue_answers_503_with_retry_after(session, monkeypatch):
                 r = post(_png(3))
                 assert r.status_code == 503 and r.headers["retry-after"] == "1"
                 assert "busy" in r.json()["error"] and "2 requests" in r.json()["error"]
-                m = client.get("/metrics").json()
+                m = client.get("/stats").json()
                 assert (m["queue_depth"], m["max_queue"]) == (2, 2)
             finally:
                 release.set()
@@ -431,7 +434,7 @@ def test_a_client_that_goes_away_does_not_harm_its_batch(session, caplog):
         assert sent[0]["status"] == srv.CLIENT_GONE
         r = client.post("/predict", content=_png(2), headers=PNG)
         assert r.status_code == 200 and r.json()["batch_size"] == 1
-        m = client.get("/metrics").json()
+        m = client.get("/stats").json()
         assert (m["disconnects"], m["errors"], m["worker_errors"]) == (1, 0, 0)
     assert not [rec for rec in caplog.records if rec.levelno >= logging.WARNING or rec.exc_info]
 
@@ -444,7 +447,7 @@ def test_a_disconnect_while_uploading_is_not_an_error(session, caplog):
             {"type": "http.disconnect"}])
         assert sent[0]["status"] == srv.CLIENT_GONE
         assert client.post("/predict", content=_png(2), headers=PNG).status_code == 200
-        assert client.get("/metrics").json()["disconnects"] == 1
+        assert client.get("/stats").json()["disconnects"] == 1
     assert not [rec for rec in caplog.records if rec.levelno >= logging.WARNING or rec.exc_info]
 
 

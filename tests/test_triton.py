@@ -1,5 +1,6 @@
 """Triton repository: validated with Triton's own protobuf; model names checked by one rule."""
 
+import dataclasses
 import shutil
 import tempfile
 from pathlib import Path
@@ -14,7 +15,9 @@ from tritonclient.grpc import model_config_pb2
 from vit_deploy.cli import main
 from vit_deploy.contract import MANIFEST_NAME
 from vit_deploy.precisions import add_precisions
-from vit_deploy.triton import check_model_name, pbtxt_string, triton_repository
+from vit_deploy.runtime.manifest import TensorSpec, load_manifest
+from vit_deploy.triton import (check_model_name, model_metadata, pbtxt_string, triton_config,
+                               triton_repository)
 
 # Tests that do not depend on the model kind run on one: the first of conftest's kinds,
 # so the session's cached export is reused.
@@ -48,6 +51,40 @@ def test_triton_repository_parses_with_tritons_protobuf(tiny_bundle, tmp_path):
     assert accel.name == "tensorrt" and accel.parameters["precision_mode"] == "FP16"
     assert (repo / "vit" / "1" / "model.onnx").read_bytes() == (result.path / "model.onnx").read_bytes()
     assert config.parameters["vit_deploy_precision"].string_value == "fp32"
+
+
+@ONE_KIND
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_config_lists_every_tensor_of_the_manifest_as_the_v2_metadata_does(tiny_bundle, static):
+    """config.pbtxt and `vit-deploy serve`'s /v2/models/NAME come from model_metadata: every
+    output the manifest lists (dense ones too), symbolic dims as -1, batch dim implicit."""
+    manifest = load_manifest(tiny_bundle[1].path)
+    extra = (TensorSpec("pooled", "float32", ("batch", 48)),
+             TensorSpec("patch_tokens", "float32", ("batch", 48, "grid_height", "grid_width")))
+    io = dataclasses.replace(manifest.io, outputs=(*manifest.io.outputs, *extra))
+    if static:
+        io = dataclasses.replace(io, dynamic=False, inputs=(TensorSpec(
+            "pixel_values", "float32", ("batch", 3, 48, 64)),))
+    manifest = dataclasses.replace(manifest, io=io)
+    config = text_format.Parse(triton_config(
+        manifest, name="vit", precision="fp32", max_batch=4, instances=[("cpu", 1)],
+        dynamic_batching_us=None, accelerator=None), model_config_pb2.ModelConfig())
+    assert list(config.input[0].dims) == ([3, 48, 64] if static else [3, -1, -1])
+    assert [(o.name, list(o.dims)) for o in config.output] == [
+        ("logits", [10]), ("pooled", [48]), ("patch_tokens", [48, -1, -1])]
+    meta = model_metadata(manifest, "vit")
+    for tensors, specs in ((config.input, meta.inputs), (config.output, meta.outputs)):
+        assert [(t.name, model_config_pb2.DataType.Name(t.data_type), [-1, *t.dims])
+                for t in tensors] == [(s.name, f"TYPE_{s.datatype}", list(s.shape)) for s in specs]
+
+
+@ONE_KIND
+def test_a_dtype_without_a_v2_datatype_is_refused(tiny_bundle):
+    manifest = load_manifest(tiny_bundle[1].path)
+    odd = TensorSpec("logits", "complex64", ("batch", 10))
+    manifest = dataclasses.replace(manifest, io=dataclasses.replace(manifest.io, outputs=(odd,)))
+    with pytest.raises(ValueError, match="'complex64' has no Open Inference Protocol datatype"):
+        model_metadata(manifest, "vit")
 
 
 def test_triton_turns_dynamic_batching_off_for_batch_coupled_int8(tiny_bundle, tmp_path):

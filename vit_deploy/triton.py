@@ -1,20 +1,32 @@
-"""Beyond one process: a Triton Inference Server model repository.
+"""Beyond one process: a Triton Inference Server model repository, and the model's Open
+Inference Protocol (KServe v2) metadata.
 
 We do not write a distributed server: this emits what NVIDIA Triton's ONNX Runtime
-backend needs. The single-machine HTTP server is `vit_deploy.server`.
+backend needs. The single-machine HTTP server is `vit_deploy.server`; it serves the same
+model name, tensor names, datatypes and shapes, because both take them from
+`model_metadata` here (derived from the manifest's `io`).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from vit_deploy.atomic import atomic_directory, repository_record
-from vit_deploy.contract import FEATURES_NAME, INPUT_NAME, LOGITS_NAME, MANIFEST_NAME
+from vit_deploy.contract import MANIFEST_NAME
 from vit_deploy.runtime.manifest import Manifest, load_manifest
 
 KINDS = {"cpu": "KIND_CPU", "gpu": "KIND_GPU"}
+PLATFORM = "onnxruntime_onnx"  # Triton's name for the ONNX Runtime backend
+MODEL_VERSION = "1"  # the one version directory the repository holds
+# numpy dtype name (as the manifest writes it) -> Open Inference Protocol datatype; Triton's
+# config.pbtxt spells the same type TYPE_<datatype>.
+V2_DATATYPES = {"float32": "FP32", "float16": "FP16", "float64": "FP64", "int8": "INT8",
+                "int16": "INT16", "int32": "INT32", "int64": "INT64", "uint8": "UINT8",
+                "uint16": "UINT16", "uint32": "UINT32", "uint64": "UINT64", "bool": "BOOL"}
 MAX_NAME_LENGTH = 128
 _NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 NAME_RULE = (f"1 to {MAX_NAME_LENGTH} characters from A-Z a-z 0-9 _ . - (no path separators), "
@@ -67,23 +79,80 @@ def parse_instances(text: str) -> list[tuple[str, int]]:
     return out
 
 
+# -- the model as the Open Inference Protocol describes it (one source for both servers) --
+
+
+@dataclass(frozen=True)
+class V2Tensor:
+    """One input or output: its name, v2 datatype, and full shape with the batch dimension
+    first; -1 stands for every dimension that varies (batch, and H, W of a dynamic model)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True)
+class V2Model:
+    """What `GET /v2/models/NAME` answers, for `vit-deploy serve` and for Triton alike."""
+
+    name: str
+    inputs: tuple[V2Tensor, ...]
+    outputs: tuple[V2Tensor, ...]
+    platform: str = PLATFORM
+    versions: tuple[str, ...] = (MODEL_VERSION,)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "versions": list(self.versions), "platform": self.platform,
+                "inputs": [t.to_dict() for t in self.inputs],
+                "outputs": [t.to_dict() for t in self.outputs]}
+
+    def output(self, name: str) -> V2Tensor | None:
+        return next((t for t in self.outputs if t.name == name), None)
+
+
+def v2_datatype(dtype: str) -> str:
+    """'float32' -> 'FP32'; ValueError for a type the protocol has no name for here."""
+    try:
+        return V2_DATATYPES[dtype]
+    except KeyError:
+        raise ValueError(f"tensor dtype {dtype!r} has no Open Inference Protocol datatype "
+                         f"here (known: {sorted(V2_DATATYPES)})") from None
+
+
+def model_metadata(manifest: Manifest, name: str) -> V2Model:
+    """The model's v2 metadata from the manifest's `io`: every input and output it lists,
+    in its order, symbolic dimensions as -1 (the batch dimension always)."""
+    def tensor(spec: Any) -> V2Tensor:
+        dims = [d if isinstance(d, int) else -1 for d in spec.shape]
+        return V2Tensor(spec.name, v2_datatype(spec.dtype), (-1, *dims[1:]))
+
+    return V2Model(name=check_model_name(name),
+                   inputs=tuple(tensor(t) for t in manifest.io.inputs),
+                   outputs=tuple(tensor(t) for t in manifest.io.outputs))
+
+
+def _pbtxt_tensors(kind: str, tensors: tuple[V2Tensor, ...]) -> list[str]:
+    """`input [ ... ]` / `output [ ... ]`; dims without the batch one (max_batch_size > 0)."""
+    lines = [f"{kind} ["]
+    for i, t in enumerate(tensors):
+        lines += ["  {", f"    name: {pbtxt_string(t.name)}", f"    data_type: TYPE_{t.datatype}",
+                  f"    dims: [ {', '.join(str(d) for d in t.shape[1:])} ]",
+                  "  }" + ("," if i < len(tensors) - 1 else "")]
+    return lines + ["]"]
+
+
 def triton_config(manifest: Manifest, *, name: str, precision: str, max_batch: int,
                   instances: list[tuple[str, int]], dynamic_batching_us: int | None,
                   accelerator: str | None) -> str:
     """config.pbtxt text for the onnxruntime_onnx platform."""
-    io = manifest.io
-    C = manifest.config.in_chans
-    dims = "[ %d, -1, -1 ]" % C if io.dynamic else "[ %d, %d, %d ]" % (
-        C, *manifest.deploy_resolution)
-    lines = [f"name: {pbtxt_string(name)}", 'platform: "onnxruntime_onnx"',
+    model = model_metadata(manifest, name)
+    lines = [f"name: {pbtxt_string(model.name)}", f"platform: {pbtxt_string(model.platform)}",
              f"max_batch_size: {max_batch}",
-             "input [", "  {", f"    name: {pbtxt_string(INPUT_NAME)}", "    data_type: TYPE_FP32",
-             f"    dims: {dims}", "  }", "]", "output ["]
-    outputs = [o for o in io.outputs if o.name in (LOGITS_NAME, FEATURES_NAME)]
-    for i, o in enumerate(outputs):
-        lines += ["  {", f"    name: {pbtxt_string(o.name)}", "    data_type: TYPE_FP32",
-                  f"    dims: [ {o.shape[-1]} ]", "  }" + ("," if i < len(outputs) - 1 else "")]
-    lines.append("]")
+             *_pbtxt_tensors("input", model.inputs), *_pbtxt_tensors("output", model.outputs)]
     lines.append("instance_group [")
     for i, (kind, count) in enumerate(instances):
         lines.append(f"  {{ count: {count} kind: {KINDS[kind]} }}"
@@ -104,12 +173,12 @@ def triton_config(manifest: Manifest, *, name: str, precision: str, max_batch: i
     return "\n".join(lines) + "\n"
 
 
-def _model_name(name: str | None, bundle: Path) -> str:
+def model_name(name: str | None, bundle: str | Path) -> str:
     """--name, checked; without one, the bundle directory's name if it is a valid one."""
     if name is not None:
         return check_model_name(name)
     try:
-        return check_model_name(bundle.name)
+        return check_model_name(Path(bundle).name)
     except ValueError as e:
         raise ValueError(f"the bundle directory's name cannot be the model name ({e}): "
                          f"pass --name") from None
@@ -126,7 +195,7 @@ def triton_repository(bundle: str | Path, out: str | Path, *, precision: str = "
     model_path = manifest.model_path(bundle, precision)
     if max_batch < 1:
         raise ValueError(f"max batch must be >= 1, got {max_batch}")
-    name = _model_name(name, bundle)
+    name = model_name(name, bundle)
     notes = []
     if manifest.batch_coupled(precision) and dynamic_batching_us is not None:
         notes.append(f"{precision} quantises activations per batch: Triton's dynamic batching "
@@ -136,8 +205,8 @@ def triton_repository(bundle: str | Path, out: str | Path, *, precision: str = "
                          instances=instances, dynamic_batching_us=dynamic_batching_us,
                          accelerator=accelerator)
     with atomic_directory(out, force=force, source=bundle) as tmp:
-        (tmp / name / "1").mkdir(parents=True)
-        shutil.copy2(model_path, tmp / name / "1" / "model.onnx")
+        (tmp / name / MODEL_VERSION).mkdir(parents=True)
+        shutil.copy2(model_path, tmp / name / MODEL_VERSION / "model.onnx")
         (tmp / name / "config.pbtxt").write_text(text)
         (tmp / MANIFEST_NAME).write_text(json.dumps(repository_record(tmp, str(bundle)), indent=2))
     return Path(out), name, notes
