@@ -3,12 +3,13 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+WEB_STAMP := web/node_modules/.installed
 
 ARGS ?= --patch 16 --res 448
 
-.PHONY: setup export test clean
+.PHONY: setup export test gpu-check clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(WEB_STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,9 +22,26 @@ $(STAMP): pyproject.toml
 export: $(STAMP)
 	$(BIN)/vit-deploy export $(ARGS)
 
+# The JavaScript runtime's packages (onnxruntime-web / -node, pinned by the lockfile; the
+# CUDA download of onnxruntime-node needs a network, so it is skipped: its CPU binding is in
+# the package) and Debian's Chromium for the browser test (installed where apt-get is
+# usable; the test fails, never skips, without it).
+$(WEB_STAMP): web/package.json web/package-lock.json
+	cd web && ONNXRUNTIME_NODE_INSTALL=skip npm ci --no-audit --no-fund --loglevel=error
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else echo "warning: chromium is missing and cannot be installed here (apt-get as root);" \
+	    "the browser test will fail" >&2; fi; }
+	touch $(WEB_STAMP)
+
 ## test: the whole test suite
-test: $(STAMP)
+test: $(STAMP) $(WEB_STAMP)
 	$(BIN)/python -m pytest -q
 
+## gpu-check OUT=dir: on a CUDA machine, check and bench cuda / tensorrt, reports into OUT
+gpu-check: $(STAMP)
+	BIN=$(BIN) scripts/gpu_check.sh $(OUT)
+
 clean:
-	rm -rf $(VENV) vit-*/ .pytest_cache
+	rm -rf $(VENV) vit-*/ .pytest_cache web/node_modules

@@ -1,0 +1,332 @@
+"""`vit-deploy web` and the JavaScript runtime, against Python: in Node (`node --test
+web/test/`, fed reference tensors written here) and in a real headless Chromium (the
+generated site from the `--serve` server).
+
+Run as a script, this file writes the Node tests' fixtures: `python tests/test_web.py DIR`
+(what `node --test web/test/` does by itself when VIT_DEPLOY_WEB_FIXTURES is not set).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import urllib.request
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+WEB = ROOT / "web"
+IMAGES = Path(__file__).resolve().parent / "data" / "web"
+CHROMIUM = "/usr/bin/chromium"
+LABELS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+# Preprocessing cases the JavaScript must reproduce: the manifest's rule with overrides.
+PRE_CASES = [
+    {"resolution": [224, 224], "resize": "shorter_side_center_crop", "interpolation": "bicubic"},
+    {"resolution": [224, 224], "resize": "patch_multiple", "interpolation": "bilinear"},
+    {"resolution": [48, 64], "resize": "shorter_side_center_crop", "interpolation": "nearest"},
+    {"resolution": [96, 96], "resize": "patch_multiple", "interpolation": "lanczos"},
+]
+
+
+# -- fixtures: bundles and Python's reference numbers ---------------------------------------
+def _external_data_bundle(src: Path, dst: Path) -> None:
+    """A copy of bundle `src` whose fp32 model keeps its weights in model.onnx.data."""
+    import onnx
+
+    from vit_deploy.contract import MANIFEST_NAME, MODEL_FILE
+    from vit_deploy.runtime.manifest import FileEntry
+
+    dst.mkdir(parents=True)
+    model = onnx.load(str(src / MODEL_FILE))
+    onnx.save_model(model, str(dst / MODEL_FILE), save_as_external_data=True,
+                    location="model.onnx.data", size_threshold=1024)
+    manifest = json.loads((src / MANIFEST_NAME).read_text())
+    manifest["models"] = {"fp32": MODEL_FILE}
+    manifest["files"] = {MODEL_FILE: asdict(FileEntry.of(dst / MODEL_FILE, "model:fp32")),
+                         "model.onnx.data": asdict(FileEntry.of(dst / "model.onnx.data",
+                                                                "data:fp32"))}
+    (dst / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))
+
+
+def _write_f32(path: Path, x: np.ndarray) -> str:
+    np.ascontiguousarray(x, dtype=np.float32).tofile(path)
+    return path.name
+
+
+def make_fixtures(out: Path) -> dict:
+    """Write a tiny bundle (fp32 + int8, labelled), its external-data twin, and Python's
+    preprocessing tensors, logits and top-5 for every shipped image, into `out`."""
+    from vit_deploy.config import variant
+    from vit_deploy.export.bundle import ExportOptions, export_bundle
+    from vit_deploy.export.model import build_model
+    from vit_deploy.precisions import add_precisions
+    from vit_deploy.runtime import ViTSession
+    from vit_deploy.runtime.preprocess import Preprocess, load_image
+
+    out.mkdir(parents=True, exist_ok=True)
+    bundle = out / "bundle"
+    model = build_model(variant("tiny"), seed=0)
+    export_bundle(model, bundle, options=ExportOptions(resolution=(48, 64), simplify=False,
+                                                       labels=LABELS))
+    add_precisions(bundle, ["int8"])
+    _external_data_bundle(bundle, out / "bundle-external")
+    images = sorted(p.name for p in IMAGES.iterdir() if p.suffix in (".png", ".jpg"))
+    index: dict = {"images": images, "labels": list(LABELS), "preprocess": [], "logits": [],
+                   "rgb": {}}
+    with ViTSession(bundle) as fp32, ViTSession(bundle, precision="int8") as int8:
+        manifest = fp32.manifest
+        for name in images:
+            image = load_image(IMAGES / name)  # decoded, upright, RGB (alpha on white)
+            rgb = np.asarray(image)
+            rgb.tofile(out / f"rgb-{name}.u8")
+            index["rgb"][name] = {"file": f"rgb-{name}.u8", "width": image.width,
+                                  "height": image.height}
+            for i, case in enumerate(PRE_CASES):
+                pre = Preprocess.from_manifest(manifest, resolution=tuple(case["resolution"]),
+                                               resize=case["resize"],
+                                               interpolation=case["interpolation"])
+                x = pre.array(image)
+                index["preprocess"].append({
+                    "image": name, "case": case, "dims": [1, *x.shape],
+                    "file": _write_f32(out / f"pre-{name}-{i}.f32", x),
+                    "steps": [manifest.preprocess.scale / s for s in manifest.preprocess.std]})
+            x = fp32.preprocess().array(image)[None]
+            for precision, session in (("fp32", fp32), ("int8", int8)):
+                top = session.predict([IMAGES / name], top_k=5)[0].top
+                index["logits"].append({
+                    "image": name, "precision": precision, "dims": list(x.shape),
+                    "pixels": _write_f32(out / f"x-{name}.f32", x),
+                    "file": _write_f32(out / f"logits-{name}-{precision}.f32", session.run(x)),
+                    "top": [{"index": c.index, "label": c.label, "probability": c.probability}
+                            for c in top]})
+    (out / "index.json").write_text(json.dumps(index, indent=2))
+    return index
+
+
+@pytest.fixture(scope="module")
+def fixtures(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("web")
+    make_fixtures(out)
+    return out
+
+
+def _node() -> str:
+    node = shutil.which("node")
+    if node is None:
+        pytest.fail("node is not on PATH: the web tests need Node.js >= 18 (make setup)")
+    if not (WEB / "node_modules" / "onnxruntime-node").is_dir():
+        pytest.fail(f"{WEB / 'node_modules'} lacks onnxruntime-node: run `make setup` (npm ci)")
+    return node
+
+
+# -- Node --------------------------------------------------------------------------------
+def test_node_module_matches_python(fixtures):
+    """node --test web/test/: preprocessing, logits, labels and top-k against Python."""
+    node = _node()
+    env = {**os.environ, "VIT_DEPLOY_WEB_FIXTURES": str(fixtures)}
+    r = subprocess.run([node, "--test", "--test-reporter=tap", "test/"], cwd=WEB, env=env,
+                       capture_output=True, text=True, timeout=240, check=False)
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+    passed = int(re.search(r"^# pass (\d+)", r.stdout, re.MULTILINE).group(1))
+    failed = int(re.search(r"^# fail (\d+)", r.stdout, re.MULTILINE).group(1))
+    assert failed == 0 and passed >= 10, r.stdout[-3000:]
+
+
+def test_example_script_classifies_with_labels(fixtures):
+    node = _node()
+    r = subprocess.run([node, str(ROOT / "examples" / "classify_node.mjs"),
+                        str(fixtures / "bundle"), str(IMAGES / "hopper-wide.png"), "--top-k",
+                        "3"], capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    index = json.loads((fixtures / "index.json").read_text())
+    want = next(e for e in index["logits"] if e["image"] == "hopper-wide.png"
+                and e["precision"] == "fp32")
+    assert want["top"][0]["label"] in r.stdout.splitlines()[1]
+    assert "cpu" in r.stdout
+    bad = subprocess.run([node, str(ROOT / "examples" / "classify_node.mjs"),
+                          str(fixtures / "bundle"), str(IMAGES / "nope.png")],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert bad.returncode != 0 and "nope.png" in bad.stderr and "at " not in bad.stderr
+
+
+# -- the site and its server ------------------------------------------------------------------
+def test_web_writes_a_site_that_can_be_rewritten(fixtures, tmp_path):
+    from click.testing import CliRunner
+
+    from vit_deploy.cli import main
+
+    site = tmp_path / "site"
+    for _ in range(2):  # the second run replaces the site it wrote
+        r = CliRunner().invoke(main, ["web", str(fixtures / "bundle"), "--out", str(site),
+                                      "--precision", "int8,fp32", "--threads", "2"])
+        assert r.exit_code == 0, r.output
+    record = json.loads((site / "bundle" / "web.json").read_text())
+    assert record["precisions"] == ["int8", "fp32"] and record["threads"] == 2
+    assert {p.name for p in (site / "bundle").iterdir()} == {
+        "manifest.json", "model.onnx", "model.int8.onnx", "web.json"}
+    assert (site / "ort" / "ort-wasm-simd-threaded.wasm").stat().st_size > 1e6
+    assert "ViT.load" in (site / "index.html").read_text()
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--precision", "int4"], "bundle has no 'int4' model"),
+    (["--precision", "fp64"], "unknown precision"),
+    (["--threads", "0"], "0 is not in the range"),
+])
+def test_web_refuses_bad_arguments(fixtures, tmp_path, args, match):
+    from click.testing import CliRunner
+
+    from vit_deploy.cli import main
+
+    r = CliRunner().invoke(main, ["web", str(fixtures / "bundle"), "--out", str(tmp_path / "s"),
+                                  *args])
+    assert r.exit_code == 2 and match in r.output and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "s").exists()
+
+
+def test_web_refuses_a_foreign_directory_and_a_non_bundle(fixtures, tmp_path):
+    from click.testing import CliRunner
+
+    from vit_deploy.cli import main
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    r = CliRunner().invoke(main, ["web", str(fixtures / "bundle"), "--out",
+                                  str(tmp_path / "mine")])
+    assert r.exit_code == 2 and "not a bundle vit-deploy wrote" in r.output, r.output
+    r = CliRunner().invoke(main, ["web", str(tmp_path / "mine"), "--out", str(tmp_path / "s")])
+    assert r.exit_code == 2 and "not a vit-deploy bundle" in r.output, r.output
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+
+
+def test_site_keeps_external_data_beside_the_model(fixtures, tmp_path):
+    from vit_deploy.web import write_site
+
+    write_site(fixtures / "bundle-external", tmp_path / "site")
+    record = json.loads((tmp_path / "site" / "bundle" / "web.json").read_text())
+    assert record["external_data"] == {"fp32": ["model.onnx.data"]}
+    assert (tmp_path / "site" / "bundle" / "model.onnx.data").is_file()
+
+
+def test_preview_server_sends_isolation_headers_and_mime_types(fixtures, tmp_path):
+    from vit_deploy.web import make_server, write_site
+
+    write_site(fixtures / "bundle", tmp_path / "site")
+    for isolation in (True, False):
+        server = make_server(tmp_path / "site", port=0, isolation=isolation)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        base = f"http://127.0.0.1:{server.server_address[1]}/"
+        try:
+            for path, mime in (("vit-deploy.mjs", "text/javascript"),
+                               ("ort/ort-wasm-simd-threaded.wasm", "application/wasm"),
+                               ("index.html", "text/html; charset=utf-8"),
+                               ("bundle/model.onnx", "application/octet-stream")):
+                with urllib.request.urlopen(base + path, timeout=10) as response:
+                    assert response.headers["Content-Type"] == mime, path
+                    coop = response.headers.get("Cross-Origin-Opener-Policy")
+                    coep = response.headers.get("Cross-Origin-Embedder-Policy")
+                    assert (coop, coep) == (("same-origin", "require-corp") if isolation
+                                            else (None, None)), path
+            with pytest.raises(urllib.error.HTTPError, match="404"):
+                urllib.request.urlopen(base + "ort/", timeout=10)
+        finally:
+            server.shutdown()
+            server.server_close()
+
+
+# -- Chromium ----------------------------------------------------------------------------------
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def _start_cli_server(args: list[str]) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "vit_deploy.cli", "web", *args, "--serve",
+                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    for line in proc.stdout:  # the site is written first, then the URL is printed
+        if m := re.search(r"on (http://\S+/)", line):
+            return proc, m.group(1)
+    proc.kill()
+    raise AssertionError(f"vit-deploy web --serve printed no URL: {proc.stderr.read()[-2000:]}")
+
+
+def test_site_in_headless_chromium(fixtures, tmp_path):
+    """The generated site, served by `vit-deploy web --serve`, in Debian's Chromium:
+    tensors within one 8-bit step of Python's, logits cosine >= 0.9999 and the same top-1
+    as Python ONNX Runtime, two threads on a cross-origin isolated page, one thread (said
+    so) on a plain host, external data passed explicitly, and a screenshot of the page."""
+    from vit_deploy.web import make_server, write_site
+
+    node = _node()
+    if not Path(CHROMIUM).is_file():
+        pytest.fail(f"{CHROMIUM} is missing: the browser test needs Debian's chromium package "
+                    f"(make setup installs it where apt-get is usable)")
+    index = json.loads((fixtures / "index.json").read_text())
+    images = {name: base64.b64encode((IMAGES / name).read_bytes()).decode()
+              for name in index["images"]}
+    write_site(fixtures / "bundle-external", tmp_path / "plain")
+    plain = make_server(tmp_path / "plain", port=0, isolation=False)
+    threading.Thread(target=plain.serve_forever, daemon=True).start()
+    proc, url = _start_cli_server([str(fixtures / "bundle"), "--out", str(tmp_path / "site"),
+                                   "--precision", "fp32,int8", "--threads", "2"])
+    try:
+        job = {"chromium": CHROMIUM, "images": images, "pages": [
+            {"url": url, "precision": "fp32", "pixels": PRE_CASES[0]},
+            {"url": url, "precision": "int8"},
+            {"url": f"http://127.0.0.1:{plain.server_address[1]}/", "precision": "fp32",
+             "threads": 2}],
+            "screenshot": {"url": url, "image": str(IMAGES / "hopper.jpg"),
+                           "path": str(tmp_path / "demo.png")}}
+        (tmp_path / "job.json").write_text(json.dumps(job))
+        r = subprocess.run([node, "testing/chromium.mjs", str(tmp_path / "job.json")], cwd=WEB,
+                           capture_output=True, text=True, timeout=180, check=False)
+    finally:
+        proc.kill()
+        proc.wait()
+        plain.shutdown()
+        plain.server_close()
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    pages = json.loads(r.stdout)["pages"]
+    isolated, int8, external = pages
+    assert isolated["info"]["provider"] == "wasm" and isolated["info"]["threads"] == 2
+    assert isolated["info"]["crossOriginIsolated"] and isolated["info"]["threadFallback"] is None
+    assert external["info"]["threads"] == 1 and not external["info"]["crossOriginIsolated"]
+    assert "COOP/COEP" in external["info"]["threadFallback"]
+    logits = {(e["image"], e["precision"]): e for e in index["logits"]}
+    pre = {e["image"]: e for e in index["preprocess"] if e["case"] == PRE_CASES[0]}
+    for name in index["images"]:
+        want = np.fromfile(fixtures / pre[name]["file"], np.float32).reshape(3, -1)
+        got = np.asarray(isolated["results"][name]["pixels"], np.float32).reshape(3, -1)
+        assert got.shape == want.shape, name
+        steps = (np.abs(got - want) / np.asarray(pre[name]["steps"])[:, None]).max()
+        assert steps <= 1 + 1e-4, f"{name}: {steps:.3f} 8-bit steps from Python's tensor"
+        for page, precision in ((isolated, "fp32"), (external, "fp32"), (int8, "int8")):
+            ref = logits[(name, precision)]
+            want = np.fromfile(fixtures / ref["file"], np.float32)
+            got = np.asarray(page["results"][name]["logits"], np.float32)
+            cosine = _cosine(got, want)
+            if precision == "fp32":
+                assert cosine >= 0.9999, f"{name} {precision}: cosine {cosine}"
+                assert page["results"][name]["top"][0]["index"] == ref["top"][0]["index"], name
+            else:  # int8 rounds activations at run time: a flipped pixel may move one step
+                assert cosine >= 0.99, f"{name} {precision}: cosine {cosine}"
+            assert page["results"][name]["top"][0]["label"] == \
+                LABELS[page["results"][name]["top"][0]["index"]]
+    shot = Path(job["screenshot"]["path"]).read_bytes()
+    assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 10_000
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python tests/test_web.py OUT_DIR  (writes the Node tests' fixtures)")
+    make_fixtures(Path(sys.argv[1]))

@@ -1,0 +1,266 @@
+"""In the browser: a static site that runs a bundle with onnxruntime-web, and a local
+preview server that sends what multi-threaded WebAssembly needs.
+
+`write_site(bundle, out)` writes, atomically (`atomic.atomic_directory`):
+
+    SITE/
+      index.html          the demo page: pick or drop an image, top-k, latency, backend
+      vit-deploy.mjs      the runtime (web/src/vit-deploy.mjs): load, classify, run
+      bundle/             manifest.json, the chosen model files (+ external data),
+                          web.json (precisions, threads, external data, sizes)
+      ort/                onnxruntime-web: WebAssembly build, WebGPU build, their .wasm
+      manifest.json       every file's sha256 (so a re-run may replace the site)
+
+The JavaScript lives in the repository's web/ (`npm ci` there installs the pinned
+onnxruntime-web the site copies); VIT_DEPLOY_WEB_DIR points elsewhere.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import mmap
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from vit_deploy.atomic import atomic_directory, repository_record
+from vit_deploy.contract import MANIFEST_NAME
+from vit_deploy.runtime.manifest import load_manifest
+from vit_deploy.runtime.model_scan import inspect_model
+
+WEB_FORMAT = "vit-deploy-web"
+WEB_RECORD = "web.json"  # beside the site's copy of the manifest; vit-deploy.mjs reads it
+MODULE = "vit-deploy.mjs"
+PAGE = "index.html"
+BUNDLE_DIR = "bundle"
+ORT_DIR = "ort"
+# onnxruntime-web's files the module imports: the WebAssembly-only build (used when the
+# browser offers no WebGPU adapter; the smaller download) and the WebGPU build (JSEP-free
+# native WebGPU EP, with its own WebAssembly CPU fallback).
+ORT_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm",
+             "ort.webgpu.min.mjs", "ort-wasm-simd-threaded.asyncify.mjs",
+             "ort-wasm-simd-threaded.asyncify.wasm")
+ORT_WASM_ONLY = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
+ORT_NOTICE = """onnxruntime-web {version} (https://www.npmjs.com/package/onnxruntime-web)
+
+MIT License
+
+Copyright (c) Microsoft Corporation
+
+Permission is hereby granted, free of charge, to any person obtaining a copy of this software
+and associated documentation files (the "Software"), to deal in the Software without
+restriction, including without limitation the rights to use, copy, modify, merge, publish,
+distribute, sublicense, and/or sell copies of the Software, and to permit persons to whom the
+Software is furnished to do so, subject to the following conditions:
+
+The above copyright notice and this permission notice shall be included in all copies or
+substantial portions of the Software.
+
+THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR IMPLIED, INCLUDING
+BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY, FITNESS FOR A PARTICULAR PURPOSE AND
+NONINFRINGEMENT. IN NO EVENT SHALL THE AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM,
+DAMAGES OR OTHER LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM,
+OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE SOFTWARE.
+"""
+
+# What a host must send for multi-threaded WebAssembly (SharedArrayBuffer needs a
+# cross-origin isolated page), and the MIME types browsers insist on for modules and
+# streaming WebAssembly compilation.
+ISOLATION_HEADERS = {"Cross-Origin-Opener-Policy": "same-origin",
+                     "Cross-Origin-Embedder-Policy": "require-corp",
+                     "Cross-Origin-Resource-Policy": "same-origin"}
+MIME_TYPES = {".html": "text/html; charset=utf-8", ".mjs": "text/javascript",
+              ".js": "text/javascript", ".wasm": "application/wasm",
+              ".json": "application/json", ".onnx": "application/octet-stream",
+              ".data": "application/octet-stream", ".png": "image/png", ".jpg": "image/jpeg",
+              ".txt": "text/plain; charset=utf-8", "": "application/octet-stream"}
+
+
+@dataclass(frozen=True)
+class WebSources:
+    """Where the JavaScript comes from: web/src (ours) and web/node_modules (npm ci)."""
+
+    root: Path
+
+    @classmethod
+    def find(cls) -> WebSources:
+        root = Path(os.environ.get("VIT_DEPLOY_WEB_DIR")
+                    or Path(__file__).resolve().parent.parent / "web")
+        sources = cls(root)
+        for path in (sources.module, sources.page):
+            if not path.is_file():
+                raise FileNotFoundError(f"{str(path)!r} is missing: `vit-deploy web` needs the "
+                                        f"repository's web/ directory (or VIT_DEPLOY_WEB_DIR)")
+        pinned = sources.pinned_ort_version()
+        installed = sources.installed_ort_version()
+        if installed is None:
+            raise FileNotFoundError(f"onnxruntime-web is not installed in {str(root)!r}: run "
+                                    f"`make setup` (npm ci in web/)")
+        if installed != pinned:
+            raise ValueError(f"web/package.json pins onnxruntime-web {pinned}, but {installed} "
+                             f"is installed; run `make setup` (npm ci in web/)")
+        return sources
+
+    @property
+    def module(self) -> Path:
+        return self.root / "src" / MODULE
+
+    @property
+    def page(self) -> Path:
+        return self.root / "src" / PAGE
+
+    @property
+    def ort_dist(self) -> Path:
+        return self.root / "node_modules" / "onnxruntime-web" / "dist"
+
+    def pinned_ort_version(self) -> str:
+        package = json.loads((self.root / "package.json").read_text(encoding="utf-8"))
+        return str(package["dependencies"]["onnxruntime-web"])
+
+    def installed_ort_version(self) -> str | None:
+        path = self.ort_dist.parent / "package.json"
+        if not path.is_file():
+            return None
+        return str(json.loads(path.read_text(encoding="utf-8"))["version"])
+
+
+@dataclass(frozen=True)
+class SiteResult:
+    path: Path
+    precisions: tuple[str, ...]
+    threads: int | None
+    model_bytes: dict[str, int]  # precision -> bytes of its model file(s)
+    ort_bytes: int  # of the WebAssembly-only files (what a browser without WebGPU loads)
+    ort_version: str
+
+    def __rich__(self) -> str:
+        models = ", ".join(f"{p} {b / 1e6:.1f} MB" for p, b in self.model_bytes.items())
+        return (f"wrote {self.path}: {PAGE}, {MODULE}, {BUNDLE_DIR}/ ({models}), {ORT_DIR}/ "
+                f"(onnxruntime-web {self.ort_version}; {self.ort_bytes / 1e6:.1f} MB for "
+                f"WebAssembly); threads {self.threads or 'default'}")
+
+
+def external_data(model: Path) -> list[str]:
+    """The external-data files a model's tensors point to (relative to its directory)."""
+    if model.stat().st_size == 0:
+        return []
+    with open(model, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        if data.find(b"location") < 0:  # every external tensor names its file: none here
+            return []
+    import onnx
+
+    proto = onnx.load(str(model), load_external_data=False)
+    tensors = list(proto.graph.initializer) + [
+        a.t for n in proto.graph.node for a in n.attribute if a.HasField("t")]
+    locations = {next((e.value for e in t.external_data if e.key == "location"), "")
+                 for t in tensors if t.data_location == onnx.TensorProto.EXTERNAL}
+    return sorted(locations - {""})
+
+
+def write_site(bundle: str | Path, out: str | Path, *, precisions: Sequence[str] = ("fp32",),
+               threads: int | None = None, force: bool = False,
+               sources: WebSources | None = None) -> SiteResult:
+    """Write the static site for `bundle` (the first precision is the page's default)."""
+    bundle = Path(bundle)
+    manifest = load_manifest(bundle)  # verified: every file's size and sha256
+    precisions = tuple(dict.fromkeys(precisions))
+    if not precisions:
+        raise ValueError("expected at least one precision, got none")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    manifest.require_models(precisions)
+    sources = sources or WebSources.find()
+    models: dict[str, list[str]] = {}  # precision -> [model file, external data files...]
+    for precision in precisions:
+        path = manifest.model_path(bundle, precision)
+        inspect_model(path, manifest.files)  # refuses external data outside or unlisted
+        models[precision] = [manifest.model_file(precision),
+                             *(_bundle_name(bundle, path.parent / name)
+                               for name in external_data(path))]
+    sizes = {p: sum((bundle / f).stat().st_size for f in files) for p, files in models.items()}
+    version = sources.installed_ort_version() or ""
+    record = {"format": WEB_FORMAT, "format_version": 1, "precisions": list(precisions),
+              "threads": threads, "onnxruntime_web": version,
+              "external_data": {p: _relative_to_model(manifest.model_file(p), files[1:])
+                                for p, files in models.items()},
+              "model_bytes": sizes}
+    with atomic_directory(out, force=force, source=bundle) as tmp:
+        shutil.copy2(sources.page, tmp / PAGE)
+        shutil.copy2(sources.module, tmp / MODULE)
+        (tmp / BUNDLE_DIR).mkdir()
+        shutil.copy2(bundle / MANIFEST_NAME, tmp / BUNDLE_DIR / MANIFEST_NAME)
+        for name in sorted({f for files in models.values() for f in files}):
+            (tmp / BUNDLE_DIR / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(bundle / name, tmp / BUNDLE_DIR / name)
+        (tmp / BUNDLE_DIR / WEB_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+        (tmp / ORT_DIR).mkdir()
+        for name in ORT_FILES:
+            shutil.copy2(sources.ort_dist / name, tmp / ORT_DIR / name)
+        (tmp / ORT_DIR / "LICENSE.txt").write_text(ORT_NOTICE.format(version=version))
+        (tmp / MANIFEST_NAME).write_text(json.dumps(repository_record(tmp, str(bundle)),
+                                                    indent=2))
+    ort_bytes = sum((sources.ort_dist / n).stat().st_size for n in ORT_WASM_ONLY)
+    return SiteResult(Path(out), precisions, threads, sizes, ort_bytes, version)
+
+
+def _bundle_name(bundle: Path, path: Path) -> str:
+    """A file's name inside the bundle (external data sits beside its model)."""
+    return path.resolve().relative_to(bundle.resolve()).as_posix()
+
+
+def _relative_to_model(model: str, files: list[str]) -> list[str]:
+    """Names as the model's tensors spell them: relative to the model's directory."""
+    parent = Path(model).parent
+    return [Path(f).relative_to(parent).as_posix() if parent != Path(".") else f for f in files]
+
+
+# -- the local preview server ------------------------------------------------------------
+class SiteHandler(SimpleHTTPRequestHandler):
+    """Static files with the MIME types modules and WebAssembly need and, unless
+    `isolation` is off, the COOP/COEP headers that make the page cross-origin isolated."""
+
+    extensions_map = MIME_TYPES
+    isolation = True
+
+    def end_headers(self) -> None:
+        if self.isolation:
+            for key, value in ISOLATION_HEADERS.items():
+                self.send_header(key, value)
+        self.send_header("Cache-Control", "no-cache")
+        super().end_headers()
+
+    def list_directory(self, path):  # a site, not a file browser
+        self.send_error(404, "No directory listing")
+
+    def log_message(self, format: str, *args) -> None:
+        pass  # quiet: the command prints its URL; a browser's requests are not news
+
+
+def make_server(root: str | Path, host: str = "127.0.0.1", port: int = 8080, *,
+                isolation: bool = True) -> ThreadingHTTPServer:
+    root = Path(root)
+    if not (root / PAGE).is_file():
+        raise FileNotFoundError(f"{str(root / PAGE)!r} is missing: {str(root)!r} is not a site "
+                                f"written by `vit-deploy web`")
+    handler = type("Handler", (SiteHandler,), {"isolation": isolation})
+    return ThreadingHTTPServer((host, port), functools.partial(handler, directory=str(root)))
+
+
+def serve_site(root: str | Path, host: str = "127.0.0.1", port: int = 8080, *,
+               isolation: bool = True, on_ready: Callable[[str], None] | None = None) -> None:
+    """Serve `root` until interrupted; `on_ready(url)` once the port is bound (port 0: any)."""
+    server = make_server(root, host, port, isolation=isolation)
+    bound_host, bound_port = server.server_address[:2]
+    shown = f"[{bound_host}]" if ":" in str(bound_host) else bound_host
+    if on_ready:
+        on_ready(f"http://{shown}:{bound_port}/")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
