@@ -47,6 +47,10 @@ class BenchOptions:
     # several are interleaved (measured: int8 ViT-B/16 140 ms interleaved with spinning,
     # 68 ms without); None: off when more than one session is live, else ORT's default.
     spinning: bool | None = None
+    io_binding: bool = False  # bind inputs/outputs to the provider's device (RuntimeOptions)
+    # An edge target's bucket graphs (`vit-deploy target`) measured beside the dynamic graph
+    # at the same sizes (default sizes: the target's buckets).
+    target: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("warmup", "runs", "sessions"):
@@ -72,6 +76,7 @@ class CaseResult:
     gpu_memory_mb: float | None = None
     status: str = "ok"  # ok | unavailable: <why>
     ratio_to_torch: float | None = None
+    graph: str = "dynamic"  # or "bucket:<target>": the target's static graph at this size
 
     def stats(self) -> dict[str, float]:
         a = np.asarray(self.latencies_ms)
@@ -140,7 +145,15 @@ def run_bench(bundle: str | Path, options: BenchOptions = BenchOptions(),
     cfg = manifest.config
     manifest.require_models(options.precisions)
     providers = [p.name for p in parse_providers(list(options.providers))]
-    resolutions = options.resolutions or (manifest.deploy_resolution,)
+    if options.target is not None:
+        spec = manifest.target(options.target)
+        manifest.require_models(options.precisions)
+        missing = [p for p in options.precisions if p not in spec.precisions]
+        if missing:
+            raise ValueError(f"target {options.target!r} has no {missing} graphs; it has "
+                             f"{list(spec.precisions)}")
+    resolutions = options.resolutions or (manifest.target(options.target).resolutions
+                                          if options.target else (manifest.deploy_resolution,))
     for hw in resolutions:
         manifest.require_size(hw)
     largest = max(resolutions, key=lambda hw: hw[0] * hw[1])
@@ -158,6 +171,9 @@ def run_bench(bundle: str | Path, options: BenchOptions = BenchOptions(),
             for precision in options.precisions:
                 runners.append(_ort_runner(bundle, provider, precision, x, hw, batch, threads,
                                            options))
+                if options.target is not None:
+                    runners.append(_ort_runner(bundle, provider, precision, x, hw, batch, threads,
+                                               options, target=options.target))
         live = [(c, fns) for c, fns in runners if fns]
         for _ in range(options.warmup):
             for _, fns in live:
@@ -199,9 +215,11 @@ def run_bench(bundle: str | Path, options: BenchOptions = BenchOptions(),
 
 
 def _ort_runner(bundle: Path, provider: str, precision: str, x: np.ndarray, hw, batch, threads,
-                options: BenchOptions) -> tuple[CaseResult, list[Callable[[], Any]]]:
+                options: BenchOptions, target: str | None = None
+                ) -> tuple[CaseResult, list[Callable[[], Any]]]:
     case = CaseResult(provider="", requested=short_name(provider), precision=precision,
-                      resolution=tuple(hw), batch=batch, threads=threads)
+                      resolution=tuple(hw), batch=batch, threads=threads,
+                      graph=f"bucket:{target}" if target else "dynamic")
     fns: list[Callable[[], Any]] = []
     rss0 = rss_mb()
     gpu0 = gpu_memory_mb()
@@ -210,7 +228,11 @@ def _ort_runner(bundle: Path, provider: str, precision: str, x: np.ndarray, hw, 
             t0 = time.perf_counter()
             s = ViTSession(bundle, provider=provider, precision=precision, fallback=options.fallback,
                            options=RuntimeOptions(threads=threads, verify=False,
-                                                  spinning=_spinning(options)))
+                                                  spinning=_spinning(options),
+                                                  io_binding=options.io_binding),
+                           target=target or "none")
+            if target and not (s.buckets and s.buckets.covers(hw)):
+                raise ValueError(f"target {target!r} has no bucket at {hw[0]}x{hw[1]}")
             s.run(x)
             case.cold_start_ms = case.cold_start_ms or (time.perf_counter() - t0) * 1000
             case.provider = short_name(s.providers[0])
@@ -233,7 +255,8 @@ def _ort_runner(bundle: Path, provider: str, precision: str, x: np.ndarray, hw, 
 def _spinning(options: BenchOptions) -> bool | None:
     if options.spinning is not None:
         return options.spinning
-    live = options.sessions * len(options.providers) * len(options.precisions)
+    live = (options.sessions * len(options.providers) * len(options.precisions)
+            * (2 if options.target else 1))
     return False if live + options.baseline_torch > 1 else None
 
 
@@ -334,13 +357,13 @@ def format_table(report: BenchReport) -> list[list[str]]:
         res = f"{c.resolution[0]}x{c.resolution[1]}"
         status = c.status.split(":")[0] + (" (see below)" if ":" in c.status else "")
         if not s:
-            rows.append([c.requested, c.provider, c.precision, res, str(c.batch),
+            rows.append([c.requested, c.provider, _precision_label(c), res, str(c.batch),
                          str(c.threads or "default"), "-", "-", "-", "-", "-", "-", "-", "-",
                          status])
             continue
         spread = (f"{min(c.session_medians_ms):.1f}-{max(c.session_medians_ms):.1f}"
                   if c.session_medians_ms else "-")
-        rows.append([c.requested, c.provider, c.precision, res, str(c.batch),
+        rows.append([c.requested, c.provider, _precision_label(c), res, str(c.batch),
                      str(c.threads or "default"), f"{s['p50_ms']:.2f}", f"{s['p90_ms']:.2f}",
                      f"{s['p99_ms']:.2f}", f"{s['images_per_s']:.1f}",
                      "-" if c.ratio_to_torch is None else f"{c.ratio_to_torch:.2f}", spread,
@@ -348,6 +371,10 @@ def format_table(report: BenchReport) -> list[list[str]]:
                      + (f" / GPU {c.gpu_memory_mb:.0f}" if c.gpu_memory_mb is not None else ""),
                      status])
     return rows
+
+
+def _precision_label(c: CaseResult) -> str:
+    return c.precision if c.graph == "dynamic" else f"{c.precision} ({c.graph})"
 
 
 TABLE_HEADER = ["asked", "ran on", "precision", "res", "batch", "threads", "p50 ms", "p90 ms",
@@ -438,8 +465,9 @@ class Comparison:
         keys: dict[tuple, dict[int, dict[str, Any]]] = {}
         for i, rep in enumerate(self.reports):
             for c in rep.get("cases", []):
-                key = (c["requested"], c["precision"], tuple(c["resolution"]), c["batch"],
-                       c["threads"])
+                key = (c["requested"], c["precision"] + ("" if c.get("graph", "dynamic") ==
+                                                         "dynamic" else f" [{c['graph']}]"),
+                       tuple(c["resolution"]), c["batch"], c["threads"])
                 keys.setdefault(key, {})[i] = c
         rows = []
         for (req, prec, res, batch, threads), by in keys.items():

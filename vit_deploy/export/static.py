@@ -1,0 +1,125 @@
+"""Fixed-shape graphs for edge targets: one (batch, H, W) per file, no Resize, no Shape.
+
+`export_static(model, dst, batch=1, resolution=(H, W))` traces a copy of the model frozen at
+one size (`ViT.frozen_at`: the position table is a constant) with every dim fixed, and with
+the two ops that split ONNX Runtime's mobile partitions written differently (measured with
+`onnxruntime.tools.check_onnx_model_mobile_usability` on ViT-Ti/16, README):
+
+- the class-token `Expand` to the batch (CoreML MLProgram: unsupported) becomes a `Concat`
+  with a constant of zeros and one `Add` of a constant table holding the prefix tokens and
+  every position vector (prefix tokens + positions folded together);
+- the pooling `Gather` of token 0 (CoreML MLProgram: unsupported) becomes a constant
+  `Slice` and a `Reshape` (mean pooling: `Slice` + `ReduceMean`).
+
+Both are exact rewrites (the same float additions in the same order), so parity holds
+bit for bit or within float noise; every file is still checked against PyTorch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import torch
+
+from vit_deploy.atomic import write_bytes_atomic
+from vit_deploy.contract import INPUT_NAME, LOGITS_NAME, OPSET
+from vit_deploy.export.model import Tokens, ViT, reference_model
+from vit_deploy.export.onnx import ExportError, _quiet, finalize, validate_onnx
+from vit_deploy.outputs import OutputSelection
+
+
+class StaticViT(ViT):
+    """A ViT frozen at one input size whose forward avoids Expand and Gather.
+
+    Built by `static_model` from a deep copy of the model.
+    """
+
+    static_hw: tuple[int, int]
+
+    def forward_tokens(self, x: torch.Tensor, layers: tuple[int, ...] = (), *,
+                       patch: int | None = None) -> Tokens:
+        """ViT.forward_tokens at exactly `static_hw`, prefix tokens and positions added as
+        one constant table."""
+        if tuple(x.shape[-2:]) != self.static_hw or patch not in (None, self.cfg.patch_size):
+            raise ValueError(f"this graph is static at {self.static_hw} and patch "
+                             f"{self.cfg.patch_size}, got {tuple(x.shape[-2:])}, patch {patch}")
+        tokens = self.patch_embed(x)  # (B, N, D)
+        k = self.cfg.num_prefix_tokens
+        if k:  # zeros in the prefix slots, then one Add puts tokens and positions in
+            zeros = torch.zeros(x.shape[0], k, tokens.shape[-1], dtype=tokens.dtype)
+            tokens = torch.cat([zeros, tokens], dim=1)  # (B, T, D)
+        tokens = tokens + self.token_table  # (1, T, D) constant
+        kept, size = {}, None
+        for i, block in enumerate(self.blocks, start=1):
+            tokens, size = block(tokens, size)
+            if i in layers:
+                kept[i] = tokens
+        return Tokens(self.norm(tokens), [kept[b] for b in layers], size)
+
+    def forward_head(self, tokens: torch.Tensor, *, pre_logits: bool = False,
+                     size: torch.Tensor | None = None) -> torch.Tensor:
+        B, _, D = tokens.shape
+        if self.cfg.pool == "cls":
+            pooled = tokens[:, 0:1].reshape(B, D)  # Slice + Reshape, not Gather
+            pooled = self.fc_norm(pooled)
+            if pre_logits:
+                return pooled
+            if self.head_dist is not None:
+                dist = self.fc_norm(tokens[:, 1:2].reshape(B, D))
+                return (self.head(pooled) + self.head_dist(dist)) / 2
+            return self.head(pooled)
+        return super().forward_head(tokens, pre_logits=pre_logits, size=size)  # mean: no Gather
+
+
+def static_model(model: ViT, height: int, width: int) -> StaticViT:
+    """A copy of `model` for one input size: positions and prefix tokens folded into one
+    constant table (1, T, D), in the order ViT.forward_features adds them."""
+    frozen = model.frozen_at(height, width)
+    P = model.cfg.patch_size
+    with torch.no_grad():
+        pos_prefix, pos_cells = frozen.pos((height // P, width // P))  # (1, k', D), (1, N, D)
+        prefix = [t for t in (frozen.cls_token, frozen.dist_token, frozen.reg_token)
+                  if t is not None]
+        parts = []
+        if prefix:
+            pre = torch.cat(prefix, dim=1)  # (1, k, D)
+            k = pos_prefix.shape[1]
+            parts.append(torch.cat([pre[:, :k] + pos_prefix, pre[:, k:]], dim=1))
+        parts.append(pos_cells)
+        table = torch.cat(parts, dim=1)  # (1, T, D)
+    out = frozen  # frozen_at made a deep copy: ours to change
+    out.__class__ = StaticViT
+    out.register_buffer("token_table", table.detach().clone())
+    out.static_hw = (height, width)
+    return out.eval()
+
+
+def export_static(model: ViT, dst: str | Path, *, batch: int, resolution: tuple[int, int],
+                  outputs: tuple[str, ...] = (LOGITS_NAME,), layer_norm: bool = True,
+                  opset: int = OPSET) -> Path:
+    """Trace `model` at exactly (batch, C, H, W) into `dst` (atomically); `outputs` are the
+    bundle's output names, in its order."""
+    cfg = model.cfg
+    vit = static_model(model.eval(), *resolution)
+    module = reference_model(vit, OutputSelection(names=tuple(outputs), layer_norm=layer_norm))
+    example = torch.randn(batch, cfg.in_chans, *resolution)
+    try:
+        with _quiet(), torch.no_grad():
+            program = torch.onnx.export(module, (example,), dynamo=True, input_names=[INPUT_NAME],
+                                        output_names=list(outputs), opset_version=opset,
+                                        verbose=False, optimize=True)
+    except Exception as e:  # the exporter raises many types; keep the message
+        raise ExportError(f"torch.onnx.export failed for the static graph "
+                          f"{batch}x{resolution}: {e}") from e
+    proto = program.model_proto
+    finalize(proto, config_json=cfg.to_json())
+    validate_onnx(proto)
+    return write_bytes_atomic(dst, proto.SerializeToString())
+
+
+def op_counts(path: str | Path) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for node in onnx.load(str(path), load_external_data=False).graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return dict(sorted(counts.items()))

@@ -1,0 +1,425 @@
+"""`vit-deploy target`: fixed-shape graphs per resolution bucket for an edge target.
+
+    vit-deploy target BUNDLE --target mobile --buckets 224,256x320,448 [--batch 1]
+
+For each bucket, a static graph (export/static.py: position table folded, no Resize, no
+Shape, fixed batch) for each precision the target needs, each checked against PyTorch
+(rebuilt from the bundle's weights) at exactly its size by the tolerance policy; a graph
+that fails is not written. Then, per target:
+
+| target | precisions | also |
+|---|---|---|
+| cpu | fp32 (+ int8 if the bundle has it) | |
+| mobile | fp32 (+ int8 if the bundle has it) | ORT format (.ort + required_operators.config), ORT's mobile checker |
+| web | fp32 (+ int8 if the bundle has it) | ORT format |
+| npu | int8-static (QDQ, calibrated as `quantize` does) | ORT's mobile checker (NNAPI) |
+| tensorrt | fp32, fp16 | TensorRT options (runtime/tensorrt.py) recorded |
+
+The bundle is rewritten atomically under its writer lock (files it does not list are
+kept); adding a target again replaces that target's files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from vit_deploy.atomic import atomic_directory, link_or_copy, writer_lock
+from vit_deploy.contract import BUCKET_POLICIES, TARGETS, TARGETS_DIR
+from vit_deploy.outputs import OutputSelection
+from vit_deploy.parity import ParityReport, batch_independence, compare, sample_inputs
+from vit_deploy.progress import Progress, silent
+from vit_deploy.quantize import QuantOptions, linear_layers, quantize_model
+from vit_deploy.runtime.manifest import (BucketGraph, FileEntry, Manifest, TargetSpec,
+                                         load_manifest, mobile_lines)
+from vit_deploy.runtime.session import RuntimeOptions, ViTSession
+from vit_deploy.sizes import format_resolution, guard_memory, require_patch_multiple
+
+# (precisions always built, precisions built when the bundle has them)
+TARGET_PRECISIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "cpu": (("fp32",), ("int8",)),
+    "mobile": (("fp32",), ("int8",)),
+    "web": (("fp32",), ("int8",)),
+    "npu": (("int8-static",), ()),
+    "tensorrt": (("fp32", "fp16"), ()),
+}
+# ORT format: the converter's optimisation level. Mobile keeps standard ops (level basic,
+# what ORT's mobile checker judges), so NNAPI / CoreML can take the nodes; web runs on the
+# WASM CPU kernels, which take ORT's fused contrib ops (level all).
+ORT_FORMAT_LEVEL = {"mobile": "basic", "web": "all"}
+MOBILE_CHECK = ("mobile", "npu")  # targets whose graphs ORT's mobile checker judges
+PARITY_SEED = 7
+MAX_BUCKETS = 16
+
+
+@dataclass(frozen=True, kw_only=True)
+class TargetOptions:
+    target: str
+    buckets: tuple[tuple[int, int], ...]
+    batch: int = 1
+    policy: str = "aspect-then-area"
+    calibration: str | None = None  # int8-static: a folder of images, or 'digits'
+    calibration_samples: int = 64
+
+    def __post_init__(self) -> None:
+        if self.target not in TARGETS:
+            raise ValueError(f"target must be one of {list(TARGETS)}, got {self.target!r}")
+        if not self.buckets or len(self.buckets) > MAX_BUCKETS:
+            raise ValueError(f"give 1 to {MAX_BUCKETS} buckets, got {len(self.buckets)}")
+        if len(set(self.buckets)) != len(self.buckets):
+            raise ValueError(f"buckets must differ, got {[format_resolution(b) for b in self.buckets]}")
+        if not 1 <= self.batch <= 64:
+            raise ValueError(f"batch must be 1..64, got {self.batch}")
+        if self.policy not in BUCKET_POLICIES:
+            raise ValueError(f"policy must be one of {list(BUCKET_POLICIES)}, got {self.policy!r}")
+
+
+@dataclass
+class GraphResult:
+    resolution: tuple[int, int]
+    precision: str
+    file: str
+    parity: ParityReport
+    nodes: int
+    ort_file: str | None = None
+    ort_parity: ParityReport | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.parity) and (self.ort_parity is None or bool(self.ort_parity))
+
+    def to_dict(self) -> dict[str, Any]:
+        worst = lambda r: {"max_abs": max(c.max_abs for c in r.cases),  # noqa: E731
+                           "cosine": min(c.cosine for c in r.cases), "passed": bool(r)}
+        return {"resolution": list(self.resolution), "precision": self.precision,
+                "file": self.file, "nodes": self.nodes, "passed": self.passed,
+                "parity": worst(self.parity) | {"cases": self.parity.to_dict()["cases"],
+                                                 "checks": self.parity.to_dict()["checks"]},
+                "ort_file": self.ort_file,
+                "ort_parity": worst(self.ort_parity) if self.ort_parity else None,
+                "notes": list(self.notes)}
+
+
+@dataclass
+class TargetReport:
+    bundle: str
+    target: str
+    batch: int
+    results: list[GraphResult]
+    record: dict[str, Any]
+
+    @property
+    def failed(self) -> list[GraphResult]:
+        return [r for r in self.results if not r.passed]
+
+    def __bool__(self) -> bool:
+        return not self.failed
+
+    def __rich__(self) -> Any:
+        from rich.console import Group
+        from rich.table import Table
+
+        table = Table("bucket", "precision", "nodes", "max|Δ| vs torch", "cosine", ".ort max|Δ|",
+                      "result", title=f"target {self.target} (batch {self.batch}) vs PyTorch",
+                      title_justify="left")
+        for r in self.results:
+            table.add_row(format_resolution(r.resolution), r.precision, str(r.nodes),
+                          f"{max(c.max_abs for c in r.parity.cases):.2e}",
+                          f"{min(c.cosine for c in r.parity.cases):.7f}",
+                          f"{max(c.max_abs for c in r.ort_parity.cases):.2e}" if r.ort_parity
+                          else "-", "ok" if r.passed else "[red]FAIL, not written[/]")
+        lines: list[Any] = [table]
+        lines += mobile_lines(self.record.get("mobile_check"))
+        fmt = self.record.get("ort_format")
+        if fmt:
+            lines.append(f"ORT format: {fmt['files']} file(s), opset {fmt['opset']}, IR "
+                         f"{fmt['ir_version']}, converted by onnxruntime {fmt['onnxruntime']} "
+                         f"(level {fmt['optimization_level']}); {fmt['loads_in']}")
+        for r in self.results:
+            lines += [f"{format_resolution(r.resolution)} {r.precision}: {n}" for n in r.notes]
+        if self.failed:
+            lines.append(f"[red]{len(self.failed)} graph(s) failed the tolerance policy and were "
+                         f"not written[/]")
+        return Group(*lines)
+
+
+def add_target(bundle: str | Path, options: TargetOptions, *,
+               progress: Progress = silent) -> TargetReport:
+    """Build, check and write `options.target`'s graphs into `bundle` (see module doc)."""
+    with writer_lock(bundle):
+        return _add_target(Path(bundle), options, progress)
+
+
+def _add_target(bundle: Path, options: TargetOptions, log: Progress) -> TargetReport:
+    from vit_deploy.export.checkpoints import load_model
+    from vit_deploy.export.model import numpy_forward
+    from vit_deploy.export.static import export_static
+
+    manifest = load_manifest(bundle)
+    cfg = manifest.config
+    for hw in options.buckets:
+        require_patch_multiple(*hw, cfg.patch_size)
+        guard_memory(*hw, cfg, batch=options.batch)
+    if manifest.weights_file is None:
+        raise ValueError(f"bundle {str(bundle)!r} holds no PyTorch weights to build and check "
+                         f"static graphs from")
+    always, optional = TARGET_PRECISIONS[options.target]
+    absent = [p for p in always if p not in manifest.models]
+    if absent:  # the runtime keeps the dynamic graph of each precision for other sizes
+        raise ValueError(f"target {options.target} builds {list(always)} graphs and needs the "
+                         f"bundle's own {absent} model(s) beside them (the dynamic graph for "
+                         f"sizes that are not a bucket): vit-deploy quantize BUNDLE --precision "
+                         f"{','.join(absent)} first")
+    precisions = [*always, *(p for p in optional if p in manifest.models)]
+    if "int8-static" in precisions and not options.calibration:
+        raise ValueError(f"target {options.target} builds int8-static (QDQ) graphs, which need "
+                         f"calibration images: --calib DIR (or --calib digits)")
+    log("rebuilding the PyTorch model from the bundle's weights")
+    model = load_model(manifest.resolve(bundle, manifest.weights_file))
+    outputs = tuple(manifest.io.output_names)
+    reference = numpy_forward(_reference_module(model, outputs, manifest))
+    folder = f"{TARGETS_DIR}/{options.target}"
+    results: list[GraphResult] = []
+    record: dict[str, Any] = {"policy_doc": "nearest aspect ratio (log H/W), then the smallest "
+                              "bucket at least the image's area (else the largest); resize to "
+                              "cover and centre-crop", "precisions": precisions}
+    with tempfile.TemporaryDirectory(dir=bundle.parent, prefix=f".{bundle.name}.t-") as tmp:
+        stage = Path(tmp)
+        (stage / folder).mkdir(parents=True)
+        for hw in options.buckets:
+            x = sample_inputs(hw, options.batch, channels=cfg.in_chans, seed=PARITY_SEED)
+            refs = [reference(x)]
+            stem = f"{folder}/{hw[0]}x{hw[1]}.b{options.batch}"
+            fp32 = stage / f"{stem}.fp32.onnx"
+            log(f"{format_resolution(hw)}: static export (batch {options.batch})")
+            export_static(model, fp32, batch=options.batch, resolution=hw, outputs=outputs,
+                          layer_norm=manifest.io.layer_norm)
+            for precision in precisions:
+                name = f"{stem}.{precision}.onnx"
+                if precision != "fp32":
+                    log(f"{format_resolution(hw)}: {precision}")
+                    calib = (_calibration(manifest, options, hw) if precision == "int8-static"
+                             else None)
+                    quantize_model(fp32, stage / name, precision=precision,
+                                   options=_quant_options(manifest, precision, fp32),
+                                   calibration=calib)
+                log(f"{format_resolution(hw)} {precision}: parity against PyTorch")
+                results.append(_measure(stage, name, hw, precision, x, refs, options.batch))
+            if "fp32" not in precisions:
+                fp32.unlink()
+        passing = [r for r in results if r.passed]
+        for r in results:
+            if not r.passed:
+                (stage / r.file).unlink(missing_ok=True)
+        ops_file = None
+        if options.target in ORT_FORMAT_LEVEL and passing:
+            log("converting to ORT format (onnxruntime.tools.convert_onnx_models_to_ort)")
+            ops_file, record["ort_format"] = _to_ort(stage, folder, passing, options.target)
+            for r in passing:
+                x = sample_inputs(r.resolution, options.batch, channels=cfg.in_chans,
+                                  seed=PARITY_SEED)
+                r.ort_parity = _parity(stage / r.ort_file, r.precision, x, [reference(x)],
+                                       options.batch)
+                if not r.ort_parity:
+                    r.notes.append("the .ort file fails parity: the graph is not written")
+            for r in passing:
+                if not r.passed:
+                    for f in (r.file, r.ort_file):
+                        (stage / f).unlink(missing_ok=True)
+            passing = [r for r in passing if r.passed]
+            if not passing and ops_file:
+                (stage / ops_file).unlink(missing_ok=True)
+                ops_file = None
+        if options.target in MOBILE_CHECK and passing:
+            log("ORT's mobile usability checker")
+            first = {}
+            for r in passing:
+                first.setdefault(r.precision, r)
+            record["mobile_check"] = {
+                "dynamic graph (model.onnx, as exported)": mobile_check(
+                    manifest.model_path(bundle, "fp32")),
+                **{f"static {format_resolution(r.resolution)} b{options.batch} {r.precision}":
+                   mobile_check(stage / r.file) for r in first.values()}}
+        record["graphs"] = [r.to_dict() for r in results]
+        if passing:
+            spec = TargetSpec(name=options.target, batch=options.batch, policy=options.policy,
+                              graphs=tuple(BucketGraph(resolution=r.resolution, batch=options.batch,
+                                                       precision=r.precision, file=r.file,
+                                                       ort_file=r.ort_file) for r in passing),
+                              required_operators=ops_file, record=record)
+            log(f"writing target {options.target} into {bundle}")
+            _rewrite(bundle, manifest, spec, stage)
+    return TargetReport(str(bundle), options.target, options.batch, results, record)
+
+
+def _reference_module(model: Any, outputs: tuple[str, ...], manifest: Manifest) -> Any:
+    """The PyTorch module whose outputs the bundle's graphs carry, in their order."""
+    from vit_deploy.export.model import reference_model
+
+    return reference_model(model, OutputSelection(names=outputs,
+                                                  layer_norm=manifest.io.layer_norm))
+
+
+def _quant_options(manifest: Manifest, precision: str, fp32: Path) -> QuantOptions:
+    """The bundle's own recipe for `precision` (its float-kept layers, its calibration
+    method), so a bucket graph is quantised as the dynamic one was."""
+    recipe = manifest.recipe(precision)
+    known = set(linear_layers(onnx.load(str(fp32), load_external_data=False)))
+    kept = tuple(p for p in recipe.get("kept_float_layers", []) if p in known)
+    method = recipe.get("calibration", "minmax")
+    return QuantOptions(exclude=tuple(p for p in kept if p != "head"), head="head" not in kept,
+                        calibration=method if method in ("minmax", "entropy", "percentile")
+                        else "minmax")
+
+
+def _calibration(manifest: Manifest, options: TargetOptions,
+                 hw: tuple[int, int]) -> list[np.ndarray]:
+    """Calibration batches at the bucket's size and fixed batch (a partial one dropped)."""
+    from vit_deploy.precisions import calibration_batches
+
+    at = dataclasses.replace(manifest, preprocess=dataclasses.replace(manifest.preprocess,
+                                                                        resolution=hw))
+    batches = calibration_batches(at, options.calibration, limit=options.calibration_samples,
+                                  batch=options.batch)
+    full = [b for b in batches if len(b) == options.batch]
+    if not full:
+        raise ValueError(f"--calib gave {sum(len(b) for b in batches)} image(s), fewer than one "
+                         f"batch of {options.batch}")
+    return full
+
+
+def _parity(path: Path, precision: str, x: np.ndarray, refs: list[Any],
+            batch: int) -> ParityReport:
+    with ViTSession(path, options=RuntimeOptions(verify=False), target=None) as s:
+        cases = compare(s.run_all, refs, [x], precision=precision, provider="cpu")
+        checks = ([batch_independence(s.run_all, tuple(x.shape[2:]), batch=batch,
+                                      subject=f"onnxruntime:cpu:{precision}",
+                                      channels=x.shape[1])] if batch > 1 else [])
+    return ParityReport(cases=cases, checks=checks)
+
+
+def _measure(stage: Path, name: str, hw: tuple[int, int], precision: str, x: np.ndarray,
+             refs: list[Any], batch: int) -> GraphResult:
+    path = stage / name
+    nodes = len(onnx.load(str(path), load_external_data=False).graph.node)
+    result = GraphResult(hw, precision, name, _parity(path, precision, x, refs, batch), nodes)
+    if not result.parity:
+        result.notes.append("outside the tolerance policy: " + ", ".join(
+            f"{c.label} cosine {c.cosine:.6f}, max|Δ| {c.max_abs:.2e}"
+            for c in result.parity.cases if not c.passed))
+    return result
+
+
+def _to_ort(stage: Path, folder: str, results: list[GraphResult],
+            target: str) -> tuple[str, dict[str, Any]]:
+    """ORT's own converter over the target's passing graphs: one .ort per graph and one
+    required_operators config for a reduced-operator build."""
+    import onnxruntime as ort
+
+    level = ORT_FORMAT_LEVEL[target]
+    with tempfile.TemporaryDirectory() as tmp:
+        src, out = Path(tmp) / "in", Path(tmp) / "out"
+        src.mkdir()
+        for r in results:
+            link_or_copy(stage / r.file, src / Path(r.file).name)
+        env = {**os.environ, "ORT_CONVERT_ONNX_MODELS_TO_ORT_OPTIMIZATION_LEVEL": level}
+        run = subprocess.run([sys.executable, "-m", "onnxruntime.tools.convert_onnx_models_to_ort",
+                              str(src), "--output_dir", str(out), "--optimization_style", "Fixed",
+                              "--target_platform", "arm"], capture_output=True, text=True,
+                             env=env, timeout=3600)
+        if run.returncode != 0:
+            raise RuntimeError(f"onnxruntime's ORT-format converter failed: "
+                               f"{(run.stderr or run.stdout).strip().splitlines()[-1:]}")
+        for r in results:
+            produced = sorted(out.glob(f"{Path(r.file).stem}*.ort"))
+            if len(produced) != 1:
+                raise RuntimeError(f"the converter wrote {len(produced)} .ort files for {r.file}")
+            r.ort_file = f"{folder}/{produced[0].name}"
+            shutil.move(str(produced[0]), stage / r.ort_file)
+        configs = sorted(out.glob("required_operators*.config"))
+        if len(configs) != 1:
+            raise RuntimeError(f"the converter wrote {len(configs)} operator configs")
+        ops_file = f"{folder}/{configs[0].name}"
+        lines = [line if not line.startswith("# - ") else f"# - {Path(line[4:]).name}"
+                 for line in configs[0].read_text().splitlines()]  # no temp paths in the bundle
+        (stage / ops_file).write_text("\n".join(lines) + "\n")
+    proto = onnx.load(str(stage / results[0].file), load_external_data=False)
+    opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+    return ops_file, {"files": len(results), "optimization_level": level, "style": "Fixed",
+                      "target_platform": "arm", "onnxruntime": ort.__version__, "opset": opset,
+                      "ir_version": proto.ir_version,
+                      "loads_in": f"each .ort loaded and checked in onnxruntime {ort.__version__} "
+                                  f"here; ORT loads ORT-format files of its own release or older, "
+                                  f"so use onnxruntime >= {ort.__version__} (full or mobile build "
+                                  f"with the listed operators)"}
+
+
+def mobile_check(path: Path) -> dict[str, dict[str, Any]]:
+    """ORT's own mobile usability checker (the code behind `python -m
+    onnxruntime.tools.check_onnx_model_mobile_usability`) on one graph, as it judges it:
+    optimised to level basic first, shapes as they are in the file."""
+    from onnxruntime.tools.mobile_helpers import usability_checker as uc
+    from onnxruntime.tools.onnx_model_utils import ModelProtoWithShapeInfo, optimize_model
+
+    checks = {"NNAPI": uc.check_nnapi_partitions,
+              "CoreML MLProgram": lambda m, fixed: uc.check_coreml_partitions(
+                  m, fixed, "coreml_supported_mlprogram_ops.md"),
+              "CoreML NeuralNetwork": lambda m, fixed: uc.check_coreml_partitions(
+                  m, fixed, "coreml_supported_neuralnetwork_ops.md")}
+    logging.getLogger("usability_checker").setLevel(logging.ERROR)
+    with tempfile.TemporaryDirectory() as tmp:
+        optimised = Path(tmp) / Path(path).name
+        optimize_model(Path(path), optimised, use_external_initializers=True)
+        model = ModelProtoWithShapeInfo(optimised).model_with_shape_info
+        out = {}
+        for ep, check in checks.items():
+            info = check(model, True)
+            out[ep] = {"nodes": info.num_nodes, "supported_nodes": info.num_supported_nodes,
+                       "partitions": info.num_partitions,
+                       "unsupported_ops": sorted(info.unsupported_ops),
+                       "dynamic_shape_nodes": info.nodes_unsupported_due_to_dynamic_input,
+                       "verdict": info.suitability().name}
+    return out
+
+
+def _rewrite(bundle: Path, manifest: Manifest, spec: TargetSpec, stage: Path) -> None:
+    """The bundle with `spec` swapped in atomically: the files the manifest lists are
+    linked over (an older version of this target's files dropped), the new ones moved in."""
+    old = set(manifest.targets[spec.name].files()) if spec.name in manifest.targets else set()
+    with atomic_directory(bundle) as tmp:
+        for name in manifest.files:
+            if name not in old:
+                link_or_copy(bundle / name, tmp / name)
+        entries = {}
+        for name in spec.files():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(stage / name), tmp / name)
+            role = "target:" + spec.name + (":required-operators" if name == spec.required_operators
+                                            else "")
+            entries[name] = FileEntry.of(tmp / name, role)
+        manifest.with_target(spec, entries).save(tmp)
+
+
+def parse_buckets(text: str) -> tuple[tuple[int, int], ...]:
+    """'224,256x320,448' -> ((224, 224), (256, 320), (448, 448))."""
+    from vit_deploy.sizes import parse_resolution
+
+    items = [v.strip() for v in text.split(",") if v.strip()]
+    if not items:
+        raise ValueError(f"expected buckets like 224,256x320,448, got {text!r}")
+    return tuple(parse_resolution(v) for v in items)
+
+
+__all__ = ["TargetOptions", "TargetReport", "add_target", "mobile_check", "parse_buckets"]
