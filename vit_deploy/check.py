@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from vit_deploy.contract import PRECISIONS
-from vit_deploy.parity import ParityReport, batch_independence, compare, determinism, sample_inputs
+from vit_deploy.outputs import OutputSelection
+from vit_deploy.parity import Forward, ParityReport, batch_independence, compare, determinism, sample_inputs
 from vit_deploy.progress import Progress, silent
 from vit_deploy.runtime.manifest import Manifest, dumps_strict, load_manifest
 from vit_deploy.runtime.providers import parse_providers, short_name
@@ -25,6 +24,7 @@ class CheckOptions:
     resolutions: tuple[tuple[int, int], ...] = ()  # () -> deploy and native sizes
     batches: tuple[int, ...] = (1, 4)
     require: bool = False  # an unavailable provider is a failure
+    targets: bool = True  # also every edge target's bucket graphs, each at its own size
 
 
 @dataclass
@@ -64,7 +64,7 @@ class CheckReport:
                  "agree | CPU-fallback nodes | result |", "|---|---|---|---|---|---|---|---|---|"]
         for c in self.parity.cases:
             lines.append(f"| {c.label} | {c.provider} | {c.precision} | {c.max_abs:.2e} | "
-                         f"{c.max_rel:.2e} | {c.cosine:.6f} | {c.top1_agree:.0%} | "
+                         f"{c.max_rel:.2e} | {c.cosine:.6f} | {c.top1_text} | "
                          f"{c.fallback_nodes} | {'ok' if c.passed else '**FAIL**'} |")
         if self.parity.checks:
             lines += ["", "| check | subject | value | limit | detail | result |",
@@ -105,35 +105,70 @@ def run_check(bundle: str | Path, options: CheckOptions = CheckOptions(),
             progress(f"{alias} {precision}: creating the session")
             try:
                 session = ViTSession(bundle, provider=provider, precision=precision,
-                                     options=RuntimeOptions(verify=False))  # verified above
+                                     options=RuntimeOptions(verify=False),  # verified above
+                                     target="none")  # bucket graphs: _check_buckets
             except Exception as e:  # ProviderError, or a provider that fails to load the model
                 report.unavailable.setdefault(alias, str(e).splitlines()[0])
                 continue
             with session:
                 ran = short_name(session.providers[0])
                 report.parity.cases += compare(
-                    session.run, refs, inputs, precision=precision, provider=ran,
+                    session.run_all, refs, inputs, precision=precision, provider=ran,
                     progress=progress, fallback_nodes=len(session.cpu_fallback_nodes()))
                 subject = f"{ran}:{precision}"
                 progress(f"{subject}: batch independence and determinism")
                 report.parity.checks.append(batch_independence(
-                    session.run, resolutions[0], subject=subject, channels=C))
+                    session.run_all, resolutions[0], subject=subject, channels=C))
                 report.parity.checks.append(determinism(
-                    session.run, resolutions[0], subject=subject, channels=C))
+                    session.run_all, resolutions[0], subject=subject, channels=C))
+    if options.targets:
+        _check_buckets(bundle, manifest, options, precisions, reference, report, progress)
     return report
 
 
-def _torch_reference(bundle: Path, manifest: Manifest) -> Callable[[np.ndarray], np.ndarray]:
+def _check_buckets(bundle: Path, manifest: Manifest, options: CheckOptions,
+                   precisions: tuple[str, ...], reference: Forward, report: CheckReport,
+                   progress: Progress) -> None:
+    """Each target's bucket graphs at their own size, every batch asked for (the runtime
+    runs a batch in chunks of the graph's fixed batch)."""
+    C = manifest.config.in_chans
+    for name, spec in manifest.targets.items():
+        for hw in spec.resolutions:
+            inputs = [sample_inputs(hw, b, channels=C, seed=5) for b in options.batches]
+            refs = [reference(x) for x in inputs]
+            for provider in [p.name for p in parse_providers(list(options.providers))]:
+                for precision in [p for p in spec.precisions if p in precisions]:
+                    if spec.graph(precision, hw) is None:
+                        continue
+                    try:
+                        session = ViTSession(bundle, provider=provider, precision=precision,
+                                             options=RuntimeOptions(verify=False), target=name)
+                    except Exception as e:  # as above: reported, not raised
+                        report.unavailable.setdefault(short_name(provider),
+                                                      str(e).splitlines()[0])
+                        continue
+                    with session:
+                        ran = short_name(session.providers[0])
+                        progress(f"{ran} {precision}: bucket {hw[0]}x{hw[1]} of target {name}")
+                        report.parity.cases += compare(
+                            session.run_all, refs, inputs, precision=f"{precision}",
+                            provider=f"{ran} (bucket {name})", progress=progress)
+
+
+def _torch_reference(bundle: Path, manifest: Manifest) -> Forward:
     try:
         from vit_deploy.export.checkpoints import load_model
-        from vit_deploy.export.model import numpy_forward
+        from vit_deploy.export.model import numpy_forward, reference_model
     except ImportError:
         raise ImportError("vit-deploy check compares against PyTorch, which is not installed: "
                           "pip install 'vit-deploy[export]'") from None
     weights = manifest.weights_file
     if weights is None:
         raise ValueError(f"bundle {str(bundle)!r} holds no PyTorch weights to compare against")
-    return numpy_forward(load_model(manifest.resolve(bundle, weights)))
+    selection = OutputSelection(names=tuple(manifest.io.output_names),
+                                layer_norm=manifest.io.layer_norm)
+    model = load_model(manifest.resolve(bundle, weights))
+    return numpy_forward(reference_model(model, selection))
 
 
 __all__ = ["CheckOptions", "CheckReport", "run_check"]

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from vit_deploy.config import POOLS, POS_EMBED_KINDS, VARIANTS
-from vit_deploy.contract import OPSET, PRECISIONS
+from vit_deploy.contract import OPSET, PRECISIONS, TARGETS as TARGET_NAMES
 from vit_deploy.sizes import format_resolution, parse_resolution
 
 MAX_THREADS = 256  # more intra-op threads than this is a typo, not a machine
@@ -173,7 +173,9 @@ def main() -> None:
 @click.option("--model", "variant_name", default="B", show_default=True,
               help=f"Model size ({', '.join(VARIANTS)}), optionally with /PATCH (B/16).")
 @click.option("--patch", type=click.IntRange(min=1, max=1024), default=None,
-              help="Patch size (8, 14, 16, 32 for the named sizes). Default 16 (tiny: 8).")
+              help="Patch size (8, 14, 16, 32 for the named sizes). Default 16 (tiny: 8). "
+                   "With a --checkpoint of another patch size, its patch embedding is "
+                   "PI-resized (FlexiViT) and its position table resampled.")
 @click.option("--res", "resolution", type=RESOLUTION, default=None,
               help="Deploy resolution, N or HxW: parity is checked there and preprocessing "
                    "resizes to it. Default: the native resolution.")
@@ -189,11 +191,24 @@ def main() -> None:
               help="Attention heads of a timm checkpoint of non-standard width.")
 @click.option("--pos-embed", type=click.Choice(POS_EMBED_KINDS), default="learned", show_default=True)
 @click.option("--pool", type=click.Choice(POOLS), default="cls", show_default=True)
-@click.option("--num-classes", type=click.IntRange(1, 1_000_000), default=None,
-              help="Classes of the head. Default 1000 (tiny: 10).")
+@click.option("--num-classes", type=click.IntRange(0, 1_000_000), default=None,
+              help="Classes of the head; 0: a backbone without one. Default 1000 (tiny: 10).")
 @click.option("--static", is_flag=True, help="Freeze --res into the graph (no Resize node).")
 @click.option("--no-simplify", is_flag=True, help="Skip onnxsim.")
 @click.option("--features", is_flag=True, help="Also output the pooled features ('pooled').")
+@click.option("--outputs", "outputs", default=None, metavar="NAMES",
+              help="Comma-separated outputs, in order: logits, pooled, patch_tokens "
+                   "[batch, width, grid_h, grid_w], class_token, register_tokens. Default: "
+                   "logits (a model without classifier: pooled,patch_tokens).")
+@click.option("--layers", default=None, metavar="BLOCKS",
+              help="Also output the patch tokens after these blocks (1-based, e.g. 3,6,9,12) "
+                   "as layer_N [batch, width, grid_h, grid_w], for DPT-style heads.")
+@click.option("--merge-tokens", "merge", default=None, metavar="R|r1,r2,...",
+              help="Token merging (ToMe) in the graph: merge R tokens in every block, or one "
+                   "number per block. Faster, slightly less exact; classifier outputs only.")
+@click.option("--layer-norm/--no-layer-norm", default=True, show_default=True,
+              help="Pass --layers through the final norm (DINOv2 / Dinov2Backbone) or not "
+                   "(Hugging Face hidden_states).")
 @click.option("--opset", type=click.IntRange(18, 30), default=OPSET, show_default=True)
 @click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True,
               help="Seed of random weights.")
@@ -211,8 +226,9 @@ def main() -> None:
 def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | None,
            native_res: tuple[int, int] | None, checkpoint: Path | None, source: str,
            heads: int | None, pos_embed: str, pool: str,
-           num_classes: int | None, static: bool, no_simplify: bool, features: bool, opset: int,
-           seed: int, out: Path | None, labels_file: Path | None, precisions: tuple[str, ...],
+           num_classes: int | None, static: bool, no_simplify: bool, features: bool,
+           outputs: str | None, layers: str | None, layer_norm: bool, merge: str | None,
+           opset: int, seed: int, out: Path | None, labels_file: Path | None, precisions: tuple[str, ...],
            force: bool, quiet: bool, **quant: Any) -> None:
     """Export a ViT to an ONNX bundle that takes any H×W divisible by the patch size.
 
@@ -221,17 +237,20 @@ def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | N
     """
     from vit_deploy.export.bundle import (ExportOptions, default_bundle_name, export_bundle,
                                           model_from_flags, validate_request)
+    from vit_deploy.outputs import parse_layers, parse_names
     from vit_deploy.progress import steps
     from vit_deploy.runtime.manifest import load_manifest
 
     model, fmt = model_from_flags(variant_name, patch=patch, native_res=native_res,
                                   num_classes=num_classes, pos_embed=pos_embed, pool=pool,
-                                  seed=seed, checkpoint=checkpoint, source=source, heads=heads)
+                                  seed=seed, checkpoint=checkpoint, source=source, heads=heads,
+                                  merge=merge)
     cfg = model.cfg
     labels = _read_labels(labels_file) if labels_file else None
     options = ExportOptions(resolution=resolution, static=static, simplify=not no_simplify,
                             opset=opset, features=features, force=force, labels=labels,
-                            allow_large=force)
+                            allow_large=force, outputs=parse_names(outputs),
+                            layers=parse_layers(layers), layer_norm=layer_norm)
     resolution = validate_request(cfg, options)  # fail fast, before minutes of work
     out = out or Path(default_bundle_name(cfg, resolution))
     console = _console()
@@ -325,12 +344,17 @@ def _add_precisions(bundle: Path, precisions: tuple[str, ...], *, force: bool, q
               help="Say the largest resolution whose p90 at batch 1 stays under this.")
 @click.option("--compare", "compare", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               multiple=True, help="Show saved JSON reports side by side (no bundle needed).")
+@click.option("--target", "bench_target", type=click.Choice(TARGET_NAMES), default=None,
+              help="Also measure this edge target's bucket graphs beside the dynamic graph, at "
+                   "the same sizes (default sizes: its buckets).")
+@click.option("--io-binding", is_flag=True, help="Bind inputs and outputs to the provider's "
+              "device (CUDA).")
 def bench(bundle: Path | None, providers: str, precisions: tuple[str, ...],
           resolutions: tuple[tuple[int, int], ...] | None, batches: tuple[int, ...],
           threads: tuple[int | None, ...], warmup: int, runs: int, seconds: float | None,
           sessions: int, baseline: str, fallback: bool, spinning: str, json_out: Path | None,
           csv_out: Path | None, plot_out: Path | None, budget_ms: float | None,
-          compare: tuple[Path, ...]) -> None:
+          compare: tuple[Path, ...], bench_target: str | None, io_binding: bool) -> None:
     """Measure latency, throughput, cold start and memory per provider and precision.
 
     Cases run in one process, interleaved run by run, over several sessions each.
@@ -353,7 +377,8 @@ def bench(bundle: Path | None, providers: str, precisions: tuple[str, ...],
                            batches=batches, threads=threads, warmup=warmup, runs=runs,
                            seconds=seconds, sessions=sessions,
                            baseline_torch=baseline == "torch", fallback=fallback,
-                           spinning={"auto": None, "on": True, "off": False}[spinning])
+                           spinning={"auto": None, "on": True, "off": False}[spinning],
+                           target=bench_target, io_binding=io_binding)
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task("benchmarking", total=None)
         report = run_bench(bundle, options,
@@ -391,12 +416,15 @@ def bench(bundle: Path | None, providers: str, precisions: tuple[str, ...],
 @click.option("--batch", "batches", default="1,4", show_default=True,
               callback=_csv_list(_count("batch sizes", MAX_BATCH)))
 @click.option("--require", is_flag=True, help="A provider that is not available is a failure.")
+@click.option("--no-buckets", is_flag=True, help="Skip the edge targets' bucket graphs "
+              "(checked by default, each at its own size).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--markdown", "md_out", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @_quiet_option
 def check(bundle: Path, providers: str, precisions: tuple[str, ...] | None,
           resolutions: tuple[tuple[int, int], ...] | None, batches: tuple[int, ...],
-          require: bool, json_out: Path | None, md_out: Path | None, quiet: bool) -> None:
+          require: bool, json_out: Path | None, md_out: Path | None, quiet: bool,
+          no_buckets: bool = False) -> None:
     """Check a bundle against PyTorch on every provider × precision × size × batch.
 
     Also batch independence and determinism per provider and precision. Exits 1 if
@@ -408,7 +436,7 @@ def check(bundle: Path, providers: str, precisions: tuple[str, ...] | None,
 
     options = CheckOptions(providers=tuple(p for p in providers.split(",") if p.strip()),
                            precisions=precisions or (), resolutions=resolutions or (),
-                           batches=batches, require=require)
+                           batches=batches, require=require, targets=not no_buckets)
     with steps(quiet=quiet, title="checking") as progress:
         report = run_check(bundle, options, progress=progress)
     _console().print(report)
@@ -452,6 +480,43 @@ def triton(bundle: Path, out: Path, precision: str, name: str | None, max_batch:
 
 @main.command()
 @click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="Site directory to write.")
+@click.option("--precision", "precisions", type=PrecisionList(), default="fp32",
+              show_default=True, help="Models the site carries, e.g. int8,fp32 (the first is "
+              "the page's default).")
+@click.option("--threads", type=click.IntRange(1, MAX_THREADS), default=None,
+              help="WebAssembly threads (default: onnxruntime-web's, min(4, cores / 2)); more "
+                   "than one needs a cross-origin isolated page (COOP/COEP headers).")
+@click.option("--force", is_flag=True, help="Write into --out even if vit-deploy did not "
+              "write it (its files are kept).")
+@click.option("--serve", "serve_it", is_flag=True, help="Then serve the site locally with the "
+              "COOP/COEP headers and MIME types it needs, until Ctrl-C.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="With --serve: interface to bind (loopback by default).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
+              help="With --serve: port (0: any free one).")
+@click.option("--no-isolation", is_flag=True, help="With --serve: send no COOP/COEP headers "
+              "(to see the one-thread fallback a plain host gives).")
+def web(bundle: Path, out: Path, precisions: tuple[str, ...], threads: int | None, force: bool,
+        serve_it: bool, host: str, port: int, no_isolation: bool) -> None:
+    """Write a static site that runs BUNDLE in the browser (onnxruntime-web: WebGPU when
+    the browser offers it, else WebAssembly): a demo page, vit-deploy.mjs, the model(s)."""
+    from vit_deploy.web import serve_site, write_site
+
+    result = write_site(bundle, out, precisions=precisions, threads=threads, force=force)
+    console = _console()
+    console.print(result)
+    if serve_it:
+        def ready(url: str) -> None:
+            console.print(f"serving {out} on {url}" + (" (no COOP/COEP: one thread)"
+                                                       if no_isolation else ""))
+            sys.stdout.flush()
+        serve_site(out, host, port, isolation=not no_isolation, on_ready=ready)
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Interface to bind (loopback by default).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
@@ -460,20 +525,63 @@ def triton(bundle: Path, out: Path, precision: str, name: str | None, max_batch:
 @click.option("--max-batch", type=click.IntRange(1, MAX_BATCH), default=8, show_default=True)
 @click.option("--max-wait-ms", type=click.FloatRange(0, 60_000), default=5.0, show_default=True)
 @click.option("--top-k", type=click.IntRange(1, 1_000_000), default=5, show_default=True)
+@click.option("--name", default=None, help="Model name on the v2 endpoints (default: the "
+              "bundle name, as `vit-deploy triton` names it).")
 def serve(bundle: Path, host: str, port: int, provider: str, precision: str, max_batch: int,
-          max_wait_ms: float, top_k: int) -> None:
-    """Serve BUNDLE over HTTP: POST /predict, GET /health, /metadata, /metrics."""
+          max_wait_ms: float, top_k: int, name: str | None) -> None:
+    """Serve BUNDLE over HTTP: POST /predict, the Open Inference Protocol (KServe v2:
+    /v2/models/NAME/infer, ...), GET /health, /metadata, /stats, /metrics (Prometheus)."""
     from vit_deploy.runtime import ViTSession
+    from vit_deploy.triton import model_name
 
     try:
         from vit_deploy.server import make_app, serve as run_server
     except ImportError:
-        raise click.UsageError("serve needs FastAPI and uvicorn: pip install 'vit-deploy[serve]'") \
-            from None
+        raise click.UsageError("serve needs FastAPI, uvicorn and prometheus-client: "
+                               "pip install 'vit-deploy[serve]'") from None
+    name = model_name(name, bundle)
     session = ViTSession(bundle, provider=provider, precision=precision)
-    app = make_app(session, max_batch=max_batch, max_wait_ms=max_wait_ms, top_k=top_k)
+    app = make_app(session, max_batch=max_batch, max_wait_ms=max_wait_ms, top_k=top_k,
+                   model_name=name)
     run_server(app, host, port, on_ready=lambda url: _console().print(
-        f"serving {bundle} ({precision}, {session.providers[0]}) on {url}"))
+        f"serving {bundle} as model {name!r} ({precision}, {session.providers[0]}) on {url}"))
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--target", "target_name", type=click.Choice(TARGET_NAMES), required=True,
+              help="cpu / mobile / web: fp32 (+ int8 if the bundle has it); npu: int8-static "
+                   "(QDQ); tensorrt: fp32 and fp16. mobile and web also get ORT format.")
+@click.option("--buckets", required=True, help="Resolution buckets, N or HxW, comma-separated "
+              "(e.g. 224,256x320,448): one static graph each per precision.")
+@click.option("--batch", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="The fixed batch of every graph.")
+@click.option("--calib", default=None, help="npu (int8-static): calibration images, a folder "
+              "or 'digits'.")
+@click.option("--calib-samples", type=click.IntRange(1, 100_000), default=64, show_default=True)
+@_quiet_option
+def target(bundle: Path, target_name: str, buckets: str, batch: int, calib: str | None,
+           calib_samples: int, quiet: bool) -> None:
+    """Add an edge target to BUNDLE: per bucket a fixed-shape graph per precision.
+
+    Each graph is checked against PyTorch (the bundle's weights) at exactly its size; one
+    that fails is not written and the exit code is 1. The runtime picks a bucket per image
+    (nearest aspect ratio, then area) and keeps the dynamic graph for other sizes.
+    """
+    from vit_deploy.progress import steps
+    from vit_deploy.targets import TargetOptions, add_target, parse_buckets
+
+    try:
+        sizes = parse_buckets(buckets)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--buckets") from None
+    options = TargetOptions(target=target_name, buckets=sizes, batch=batch, calibration=calib,
+                            calibration_samples=calib_samples)
+    with steps(quiet=quiet, title="target") as progress:
+        report = add_target(bundle, options, progress=progress)
+    _console().print(report)
+    if not report:
+        sys.exit(1)
 
 
 @main.command()
@@ -508,33 +616,143 @@ def info(bundle: Path, as_json: bool, no_verify: bool) -> None:
               ".onnx file has no manifest to say it).")
 @click.option("--std", default=None, help="Per-channel std, e.g. 0.229,0.224,0.225.")
 @click.option("--threads", type=click.IntRange(1, MAX_THREADS), default=None)
+@click.option("--target", "predict_target", type=click.Choice(["auto", "none", *TARGET_NAMES]),
+              default="auto", show_default=True, help="Bucket graphs to use: auto (the "
+              "provider's target, if the bundle has it), none (the dynamic graph), or a name.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--features", "features_file", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Also write each image's dense outputs (patch_tokens, layer_N; "
+              "[width, grid_h, grid_w], aspect ratio kept) to this .npz file.")
+@click.option("--force", is_flag=True, help="Replace an existing --features file.")
 def predict(bundle: Path, images: tuple[Path, ...], provider: str, fallback: bool,
             precision: str, top_k: int, resize: str | None, resolution: tuple[int, int] | None,
-            mean: str | None, std: str | None, threads: int | None, as_json: bool) -> None:
-    """Classify IMAGES with a bundle, or a .onnx file exported by vit-deploy (no torch)."""
+            mean: str | None, std: str | None, threads: int | None, as_json: bool,
+            features_file: Path | None, force: bool, predict_target: str = "auto") -> None:
+    """Classify IMAGES with a bundle, or a .onnx file exported by vit-deploy (no torch);
+    with --features, write their patch-token feature maps."""
+    from vit_deploy.contract import LOGITS_NAME
     from vit_deploy.runtime import RuntimeOptions, ViTSession
     from vit_deploy.runtime.manifest import dumps_strict
     from vit_deploy.runtime.providers import short_name
 
+    if features_file is not None and features_file.exists() and not force:
+        raise click.BadParameter(f"{features_file} exists; pass --force to replace it",
+                                 param_hint="--features")
+
     with warnings.catch_warnings():  # a fallback is reported below, in plain words
         warnings.simplefilter("ignore", RuntimeWarning)
         session = ViTSession(bundle, provider=provider, precision=precision,
-                             fallback=fallback, options=RuntimeOptions(threads=threads))
+                             fallback=fallback, options=RuntimeOptions(threads=threads),
+                             target=predict_target)
     with session:
+        classifier = LOGITS_NAME in session.output_names
+        if not classifier and features_file is None:
+            raise click.UsageError(f"{bundle} has no classifier (outputs: {session.output_names}); "
+                                   f"write its features with --features out.npz")
         pre = session.preprocess(resize=resize, resolution=resolution, mean=_floats(mean),
                                  std=_floats(std))
-        predictions = session.predict(list(images), top_k=top_k, preprocess=pre)
+        if session.buckets is not None and resize is None and resolution is None \
+                and mean is None and std is None:
+            pre = None  # bucket graphs: each image goes to its bucket (runtime/buckets.py)
+        predictions = (session.predict(list(images), top_k=top_k, preprocess=pre)
+                       if classifier else [])
+        written = None
+        if features_file is not None:
+            dense = session.preprocess(resize=resize or "patch_multiple", resolution=resolution,
+                                       mean=_floats(mean), std=_floats(std))
+            written = _write_features(session, list(images), dense, features_file)
         ran_on = [short_name(p) for p in session.providers]
     if as_json:
         click.echo(dumps_strict({"providers": ran_on, "precision": precision,
-                                 "predictions": [p.to_dict() for p in predictions]}))
+                                 "predictions": [p.to_dict() for p in predictions],
+                                 "features": written}))
         return
     console = _console()
     console.print(f"ran on {ran_on[0]} ({precision})" + (f"; {session.fallback_reason}"
                                                         if session.fallback_reason else ""))
     for p in predictions:
         console.print(p)
+    if written:
+        console.print(f"wrote {features_file}: " + ", ".join(
+            f"{k} {tuple(v)}" for k, v in written["shapes"].items()))
+
+
+def _write_features(session: Any, images: list[Path], pre: Any, path: Path) -> dict[str, Any]:
+    """Each image's dense outputs as `<output>_<index>` arrays (width, grid_h, grid_w) in
+    one .npz, written atomically, with the image names as `sources`."""
+    import io
+
+    import numpy as np
+
+    from vit_deploy.atomic import write_bytes_atomic
+    from vit_deploy.outputs import is_grid_output
+
+    names = [n for n in session.output_names if is_grid_output(n)]
+    if not names:
+        raise click.UsageError(f"the bundle has no dense outputs (outputs: {session.output_names}); "
+                               f"export with --outputs patch_tokens or --layers")
+    arrays: dict[str, np.ndarray] = {"sources": np.array([str(i) for i in images])}
+    for i, image in enumerate(images):
+        outs = session.run_all(pre(image)[None])
+        arrays.update({f"{n}_{i}": outs[n][0] for n in names})
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    write_bytes_atomic(path, buffer.getvalue())
+    return {"file": str(path), "shapes": {k: list(v.shape) for k, v in arrays.items()
+                                          if k != "sources"}}
+
+
+@main.command()
+@click.argument("checkpoint", type=click.Path(path_type=Path))
+@click.option("--patch", "patches", default=None, metavar="P1,P2,...",
+              help="Patch sizes to deploy at (the kernel PI-resized). Default: the checkpoint's.")
+@click.option("--merge-tokens", "merges", default="0", show_default=True, metavar="SPECS",
+              help="Token-merging settings: numbers per block, comma-separated (0,4,8), or "
+                   "';'-separated schedules (0;4,4,2,2).")
+@click.option("--precision", "precisions", type=PrecisionList(), default="fp32",
+              show_default=True)
+@click.option("--res", "resolution", type=RESOLUTION, default=None,
+              help="Resolution of every configuration. Default: the checkpoint's native one.")
+@click.option("--eval-set", type=click.Choice(["digits", "none"]), default="none",
+              show_default=True, help="digits: held-out accuracy of the shipped trained test "
+              "models; none: cosine to the unmerged model at the checkpoint's patch size.")
+@click.option("--rounds", type=click.IntRange(1, 100), default=3, show_default=True,
+              help="Timing rounds, interleaved over the configurations.")
+@click.option("--runs", type=click.IntRange(1, 100_000), default=20, show_default=True,
+              help="Timed runs per configuration and round.")
+@click.option("--threads", type=click.IntRange(1, MAX_THREADS), default=None)
+@click.option("--budget-ms", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Name the best-scoring configuration whose p90 stays under this.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path),
+              default=None)
+@click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="PNG: score against p90 latency, with the Pareto front.")
+@_quiet_option
+def sweep(checkpoint: Path, patches: str | None, merges: str, precisions: tuple[str, ...],
+          resolution: tuple[int, int] | None, eval_set: str, rounds: int, runs: int,
+          threads: int | None, budget_ms: float | None, json_out: Path | None,
+          plot_out: Path | None, quiet: bool) -> None:
+    """Export CHECKPOINT at every patch size × token merging × precision, score and time
+    each (one fresh process per timing), and print the table and its Pareto front."""
+    from vit_deploy.atomic import write_bytes_atomic
+    from vit_deploy.progress import steps
+    from vit_deploy.sweep import SweepOptions, parse_list, run_sweep
+
+    options = SweepOptions(patches=parse_list(patches, int), merges=parse_list(merges) or ("0",),
+                           precisions=precisions, resolution=resolution,
+                           eval_set=None if eval_set == "none" else eval_set, rounds=rounds,
+                           runs=runs, threads=threads, budget_ms=budget_ms)
+    with steps(quiet=quiet, title="sweeping") as progress:
+        report = run_sweep(checkpoint, options, progress=progress)
+    _console().print(report)
+    if json_out:
+        write_bytes_atomic(json_out, report.to_json().encode())
+    if plot_out:
+        try:
+            report.plot(plot_out)
+        except ImportError:
+            raise click.UsageError("--plot needs matplotlib: pip install 'vit-deploy[plot]'") \
+                from None
 
 
 @main.command()

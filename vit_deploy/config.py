@@ -56,12 +56,18 @@ class ViTConfig:
     pos_antialias: bool = False  # timm: True; Hugging Face ViT: False
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
+    # Token merging (ToMe): tokens merged in each block, one number per block; () none.
+    merge: tuple[int, ...] = ()
+    # The patch size the weights were trained at, when the kernel was PI-resized (FlexiViT)
+    # to patch_size at export; None: trained at patch_size.
+    trained_patch_size: int | None = None
     name: str = field(default="")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "img_size", _pair(self.img_size, "img_size"))
         object.__setattr__(self, "mean", tuple(float(v) for v in self.mean))
         object.__setattr__(self, "std", tuple(float(v) for v in self.std))
+        object.__setattr__(self, "merge", tuple(self.merge))
         for name in ("patch_size", "heads"):  # the checks below divide by them
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -89,6 +95,10 @@ class ViTConfig:
             (len(self.mean) == self.in_chans and len(self.std) == self.in_chans,
              f"mean/std need {self.in_chans} values, got {len(self.mean)}/{len(self.std)}"),
             (all(s > 0 for s in self.std), f"std must be positive, got {self.std}"),
+            (len(self.merge) in (0, self.depth) and all(
+                isinstance(r, int) and r >= 0 for r in self.merge),
+             f"merge must be empty or {self.depth} numbers >= 0 (one per block), "
+             f"got {list(self.merge)}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -112,6 +122,19 @@ class ViTConfig:
         return int(self.class_token) + int(self.dist_token)
 
     @property
+    def merging(self) -> bool:
+        return any(self.merge)
+
+    @property
+    def min_patches(self) -> int:
+        """The fewest patches an image may have: token merging takes r_l of the patches
+        left at block l, and needs at least 2 r_l of them (one partner each)."""
+        need, merged = 1, 0
+        for r in self.merge:
+            need, merged = max(need, 2 * r + merged), merged + r
+        return need
+
+    @property
     def head_dim(self) -> int:
         return self.width // self.heads
 
@@ -120,7 +143,7 @@ class ViTConfig:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        for key in ("img_size", "mean", "std"):
+        for key in ("img_size", "mean", "std", "merge"):
             d[key] = list(d[key])
         return d
 
@@ -160,7 +183,7 @@ def _typed(name: str, value: Any, default: Any) -> Any:
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise fail("true or false")
-    elif isinstance(default, int) or name == "pos_prefix_tokens":
+    elif isinstance(default, int) or name in ("pos_prefix_tokens", "trained_patch_size"):
         if not (is_int(value) or (value is None and default is None)):
             raise fail("an integer" + (" or null" if default is None else ""))
     elif isinstance(default, float):
@@ -171,9 +194,10 @@ def _typed(name: str, value: Any, default: Any) -> Any:
         if not isinstance(value, str) or len(value) > 200:
             raise fail("a string")
     elif isinstance(default, tuple):
-        check = is_int if name == "img_size" else is_float
+        ints = name in ("img_size", "merge")
+        check = is_int if ints else is_float
         if not isinstance(value, (list, tuple)) or not all(check(v) for v in value):
-            raise fail("a list of " + ("integers" if name == "img_size" else "finite numbers"))
+            raise fail("a list of " + ("integers" if ints else "finite numbers"))
         value = tuple(value)
     return value
 
@@ -237,3 +261,16 @@ def config_from_flags(model: str, *, patch: int | None = None,
     if num_classes is not None:
         overrides["num_classes"] = num_classes
     return variant(size, **overrides)
+
+
+def parse_merge(text: str | None, depth: int) -> tuple[int, ...]:
+    """--merge-tokens: 'R' merges R tokens in every block; 'r1,r2,...' one number per block
+    (depth of them); '' or '0': none."""
+    if not text:
+        return ()
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() for p in parts) or len(parts) not in (1, depth):
+        raise ValueError(f"--merge-tokens must be one number of tokens merged per block, or "
+                         f"{depth} comma-separated numbers (one per block), got {text!r}")
+    merge = tuple(int(p) for p in parts) * (depth if len(parts) == 1 else 1)
+    return merge if any(merge) else ()

@@ -6,6 +6,20 @@ INPUT_NAME = "pixel_values"  # (batch, channels, height, width) float32, normali
 LOGITS_NAME = "logits"  # (batch, classes) float32
 FEATURES_NAME = "pooled"  # (batch, width) float32, only when exported with features
 BATCH_DIM, HEIGHT_DIM, WIDTH_DIM = "batch", "height", "width"
+GRID_H_DIM, GRID_W_DIM = "grid_height", "grid_width"  # height / patch, width / patch
+
+# Dense outputs (`export --outputs`). Patch tokens are laid out on the patch grid, ready
+# for a convolutional head: (batch, width, grid_height, grid_width).
+PATCH_TOKENS_NAME = "patch_tokens"  # the final-normed patch tokens, prefix tokens removed
+CLASS_TOKEN_NAME = "class_token"  # (batch, width), final-normed
+REGISTERS_NAME = "register_tokens"  # (batch, registers, width), final-normed
+OUTPUT_KINDS = (LOGITS_NAME, FEATURES_NAME, PATCH_TOKENS_NAME, CLASS_TOKEN_NAME, REGISTERS_NAME)
+LAYER_PREFIX = "layer_"  # layer_3: the patch tokens after block 3 (1-based), on the grid
+
+
+def layer_output(block: int) -> str:
+    """The output name of block `block`'s (1-based) patch tokens."""
+    return f"{LAYER_PREFIX}{block}"
 
 OPSET = 18  # Resize with antialias needs >= 18
 IR_VERSION = 10  # onnx 1.23 writes 14 by default; onnxruntime 1.31 reads at most 13
@@ -29,6 +43,12 @@ INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "lanczos")
 PRECISIONS = ("fp32", "fp16", "int8", "int8-static", "int4")  # int8 = dynamic
 PRECISION_FILES = {"fp32": MODEL_FILE, "fp16": "model.fp16.onnx", "int8": "model.int8.onnx",
                    "int8-static": "model.int8-static.onnx", "int4": "model.int4.onnx"}
+
+# Edge targets (`vit-deploy target`): fixed-shape graphs per resolution bucket, under
+# targets/<name>/ in the bundle; the bucket policies the runtime implements (runtime/buckets.py).
+TARGETS = ("cpu", "mobile", "npu", "web", "tensorrt")
+TARGETS_DIR = "targets"
+BUCKET_POLICIES = ("aspect-then-area",)
 
 
 

@@ -6,17 +6,20 @@ shared by the exporter (torch reference) and by checks on a deployed bundle.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 
-from vit_deploy.contract import COSINE_MIN, FP32_ABS_TOL, INDEPENDENCE_ABS_TOL, tolerance_class
+from vit_deploy.contract import (COSINE_MIN, FP32_ABS_TOL, INDEPENDENCE_ABS_TOL, LOGITS_NAME,
+                                 tolerance_class)
 from vit_deploy.progress import Progress, silent
 from vit_deploy.sizes import format_resolution
 
-Forward = Callable[[np.ndarray], np.ndarray]
+# One output (B, K), or every output of a multi-output model by name.
+Outputs = Union[np.ndarray, Mapping[str, np.ndarray]]
+Forward = Callable[[np.ndarray], Outputs]
 
 
 @dataclass(frozen=True)
@@ -30,15 +33,21 @@ class ParityCase:
     max_abs: float
     max_rel: float  # max |Δ| / max |ref|
     cosine: float  # minimum over the batch of per-image cosine similarity
-    top1_agree: float  # fraction of images with the same arg-max
+    top1_agree: float | None  # fraction of images with the same arg-max (logits only)
     abs_tol: float | None  # None where the policy has no absolute bound (quantised models)
     cosine_min: float
     passed: bool
     fallback_nodes: int = 0  # nodes ORT placed on CPU while another provider was asked for
+    output: str = LOGITS_NAME  # which output of the model was compared
 
     @property
     def label(self) -> str:
-        return f"{format_resolution(self.resolution)} b{self.batch}"
+        named = "" if self.output == LOGITS_NAME else f" {self.output}"
+        return f"{format_resolution(self.resolution)} b{self.batch}{named}"
+
+    @property
+    def top1_text(self) -> str:
+        return "-" if self.top1_agree is None else f"{self.top1_agree:.0%}"
 
 
 @dataclass(frozen=True)
@@ -78,7 +87,7 @@ class ParityReport:
         for c in self.cases:
             table.add_row(c.label, c.provider, c.precision, f"{c.max_abs:.2e}",
                           "-" if c.abs_tol is None else f"{c.abs_tol:.1e}", f"{c.max_rel:.2e}",
-                          f"{c.cosine:.7f}", f"{c.top1_agree:.0%}", str(c.fallback_nodes),
+                          f"{c.cosine:.7f}", c.top1_text, str(c.fallback_nodes),
                           "ok" if c.passed else "[red]FAIL[/]")
         for k in self.checks:
             table.add_row(k.name, k.subject, "", f"{k.value:.2e}", f"limit {k.limit:.1e}", "",
@@ -93,7 +102,7 @@ class ParityReport:
         for c in self.cases:
             rows.append((c.label, c.provider, c.precision, f"{c.max_abs:.2e}",
                          "-" if c.abs_tol is None else f"{c.abs_tol:.1e}", f"{c.cosine:.7f}",
-                         f"{c.top1_agree:.0%}", "ok" if c.passed else "FAIL"))
+                         c.top1_text, "ok" if c.passed else "FAIL"))
         for k in self.checks:
             rows.append((k.name, k.subject, "", f"{k.value:.2e}", f"{k.limit:.1e}", "", "",
                          "ok" if k.passed else "FAIL"))
@@ -134,21 +143,46 @@ def compare(run: Forward, references: Sequence[np.ndarray], inputs: Sequence[np.
             precision: str = "fp32", provider: str, progress: Progress = silent,
             fallback_nodes: int = 0) -> list[ParityCase]:
     """The one parity comparison: `run` on each input against its reference output, judged
-    by the policy of `precision`'s tolerance class. Every case is kept, failing or not."""
+    by the policy of `precision`'s tolerance class. Every case is kept, failing or not.
+    A multi-output model gives {name: array}: each output is one case of its own."""
     if len(references) != len(inputs):
         raise ValueError(f"{len(references)} references for {len(inputs)} inputs")
     cases = []
     for ref, x in zip(references, inputs):
         hw = tuple(x.shape[2:])
         progress(f"parity {precision} on {provider}: {format_resolution(hw)} b{len(x)}")
-        cases.append(replace(judge(ref, run(x), resolution=hw, provider=provider,
-                                   precision=precision), fallback_nodes=fallback_nodes))
+        out = run(x)
+        pairs = ([(name, r, _output(out, name)) for name, r in ref.items()]
+                 if isinstance(ref, Mapping) else [(LOGITS_NAME, ref, _output(out, None))])
+        for name, r, o in pairs:
+            cases.append(replace(judge(r, o, resolution=hw, provider=provider,
+                                       precision=precision, output=name),
+                                 fallback_nodes=fallback_nodes))
     return cases
 
 
+def _output(out: Outputs, name: str | None) -> np.ndarray:
+    if not isinstance(out, Mapping):
+        return out
+    if name is None:  # a single reference: the logits, else the one output
+        name = LOGITS_NAME if LOGITS_NAME in out else next(iter(out))
+    if name not in out:
+        raise ValueError(f"the model has no output {name!r}; it has {list(out)}")
+    return out[name]
+
+
+def _rows(out: Outputs) -> np.ndarray:
+    """Every output of each image as one row (B, ...) -> (B, n), for the invariants."""
+    if not isinstance(out, Mapping):
+        return out.reshape(len(out), -1)
+    return np.concatenate([v.reshape(len(v), -1) for v in out.values()], axis=1)
+
+
 def judge(ref: np.ndarray, out: np.ndarray, *, resolution: tuple[int, int], provider: str,
-          precision: str = "fp32") -> ParityCase:
-    """Apply the tolerance policy of DESIGN.md to one comparison."""
+          precision: str = "fp32", output: str = LOGITS_NAME) -> ParityCase:
+    """Apply the tolerance policy of DESIGN.md to one comparison. Every output is judged by
+    the same rule (max |Δ| scaled by the reference's largest value, and the cosine of each
+    image's whole output); top-1 agreement is reported for logits."""
     policy = tolerance_class(precision)
     m = metrics(ref, out)
     abs_tol = FP32_ABS_TOL * max(1.0, m["ref_scale"]) if policy == "fp32" else None
@@ -157,8 +191,9 @@ def judge(ref: np.ndarray, out: np.ndarray, *, resolution: tuple[int, int], prov
     passed = passed and bool(np.isfinite(out).all())
     return ParityCase(resolution=tuple(resolution), batch=len(ref), provider=provider,
                       precision=precision, max_abs=m["max_abs"], max_rel=m["max_rel"],
-                      cosine=m["cosine"], top1_agree=m["top1_agree"], abs_tol=abs_tol,
-                      cosine_min=cos_min, passed=passed)
+                      cosine=m["cosine"], abs_tol=abs_tol, cosine_min=cos_min, passed=passed,
+                      top1_agree=m["top1_agree"] if output == LOGITS_NAME else None,
+                      output=output)
 
 
 def sample_inputs(resolution: tuple[int, int], batch: int, *, channels: int = 3,
@@ -172,7 +207,7 @@ def determinism(forward: Forward, resolution: tuple[int, int], *, subject: str, 
                 channels: int = 3) -> Invariant:
     """The same input twice gives the same output."""
     x = sample_inputs(resolution, batch, channels=channels, seed=2)
-    a, b = forward(x), forward(x.copy())
+    a, b = _rows(forward(x)), _rows(forward(x.copy()))
     moved = float(np.abs(a - b).max())
     limit = INDEPENDENCE_ABS_TOL * max(1.0, float(np.abs(a).max()))
     return Invariant(name="determinism", subject=subject, passed=moved <= limit, value=moved,
@@ -185,7 +220,7 @@ def batch_independence(forward: Forward, resolution: tuple[int, int], *, subject
     x = sample_inputs(resolution, batch, channels=channels, seed=1)
     x2 = x.copy()
     x2[-1] += 10.0
-    a, b = forward(x), forward(x2)
+    a, b = _rows(forward(x)), _rows(forward(x2))
     moved = float(np.abs(a[:-1] - b[:-1]).max())
     scale = max(1.0, float(np.abs(a).max()))
     limit = INDEPENDENCE_ABS_TOL * scale

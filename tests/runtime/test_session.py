@@ -116,16 +116,19 @@ def test_predict_with_labels_features_and_top_k(tmp_path, make_tiny):
         # the same image as an array and as a file gives the same answer
         again = s.predict(images[1], top_k=3)[0]
         assert [c.index for c in again.top] == [c.index for c in preds[1].top]
-        pooled = s.features(sample_inputs((16, 16), 2))
+        pooled = s.pooled(sample_inputs((16, 16), 2))
         assert pooled.shape == (2, 48)
         with pytest.raises(ValueError, match="top_k must be >= 1"):
             s.predict(images[0], top_k=0)
 
 
-def test_features_missing_is_explained(tiny_bundle):
+def test_missing_outputs_are_explained(tiny_bundle):
     _, result = tiny_bundle
-    with ViTSession(result.path) as s, pytest.raises(BundleError, match="--features"):
-        s.features(sample_inputs((8, 8), 1))
+    with ViTSession(result.path) as s:
+        with pytest.raises(BundleError, match="no 'pooled' output.*--features"):
+            s.pooled(sample_inputs((8, 8), 1))
+        with pytest.raises(BundleError, match="no 'patch_tokens' output.*--outputs"):
+            s.features(np.zeros((20, 30, 3), np.uint8))
 
 
 def test_placement_comes_from_ort_profile(tiny_bundle):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 import platform
 import time
 from dataclasses import dataclass, field
@@ -10,23 +11,22 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-
-
 from vit_deploy.atomic import atomic_directory
-from vit_deploy.contract import (BATCH_DIM, FEATURES_NAME,
-                                 HEIGHT_DIM, INPUT_NAME, LOGITS_NAME, MODEL_FILE, OPSET,
+from vit_deploy.contract import (BATCH_DIM, HEIGHT_DIM, INPUT_NAME, MODEL_FILE, OPSET,
                                  WEIGHTS_FILE, WEIGHTS_ROLE, WIDTH_DIM, model_role)
 from vit_deploy.export.checkpoints import save_weights
 from vit_deploy.export.onnx import ExportError, OnnxOptions, export_onnx, node_count
 from vit_deploy.export.simplify import simplify_onnx
 from vit_deploy.config import ViTConfig
-from vit_deploy.export.model import ViT, numpy_forward
+from vit_deploy.export.model import ViT, numpy_forward, reference_model
+from vit_deploy.outputs import OutputSelection, output_shape, select_outputs
 from vit_deploy.parity import ParityError, ParityReport, batch_independence, compare, sample_inputs
 from vit_deploy.runtime.manifest import FileEntry, IOSpec, Manifest, PreprocessSpec, TensorSpec
 from vit_deploy.runtime.providers import short_name
 from vit_deploy.runtime.session import ViTSession
 from vit_deploy.progress import Progress, silent
-from vit_deploy.sizes import format_resolution, guard_memory, require_patch_multiple
+from vit_deploy.sizes import (format_resolution, guard_memory, require_merge_room,
+                              require_patch_multiple)
 
 PARITY_BATCHES = (1, 3)
 
@@ -38,6 +38,9 @@ class ExportOptions:
     simplify: bool = True
     opset: int = OPSET
     features: bool = False  # also output the pooled features
+    outputs: tuple[str, ...] | None = None  # None: the model's defaults (outputs.py)
+    layers: tuple[int, ...] = ()  # also output the patch tokens after these blocks (1-based)
+    layer_norm: bool = True  # pass those through the final norm (DINOv2's convention)
     force: bool = False  # replace an output that is not a bundle
     labels: tuple[str, ...] | None = None  # class names, one per class, if known
     allow_large: bool = False  # try sizes whose attention estimate exceeds available memory
@@ -58,6 +61,10 @@ def parity_resolutions(model: ViT, resolution: tuple[int, int], static: bool) ->
         return [resolution]
     P = model.cfg.patch_size
     grids = [model.cfg.grid_size, (20, 30), (1, 1), (7, 9), (2, 4)]
+    if model.cfg.merging:  # token merging needs room: the smallest grids it can take
+        side = math.isqrt(model.cfg.min_patches - 1) + 1
+        grids = [g for g in grids if g[0] * g[1] >= model.cfg.min_patches] + [
+            (side, side), (side - 1, side + 2)]
     out = [resolution]
     for gh, gw in grids:
         hw = (P * gh, P * gw)
@@ -73,13 +80,20 @@ def default_bundle_name(cfg: ViTConfig, resolution: tuple[int, int] | None = Non
     return f"vit-{(cfg.name or 'model').replace('/', '')}-{res}"
 
 
+def output_selection(cfg: ViTConfig, options: ExportOptions) -> OutputSelection:
+    return select_outputs(cfg, options.outputs, layers=options.layers,
+                          features=options.features, layer_norm=options.layer_norm)
+
+
 def validate_request(cfg: ViTConfig, options: ExportOptions) -> tuple[int, int]:
     """The deploy resolution, after refusing what the export could not do: a size that is
-    not a patch multiple, labels that do not match the classes, parity batches whose
-    attention would not fit in memory (the parity runs the largest batch in PyTorch and
-    ONNX Runtime)."""
+    not a patch multiple, outputs the model does not have, labels that do not match the
+    classes, parity batches whose attention would not fit in memory (the parity runs the
+    largest batch in PyTorch and ONNX Runtime)."""
+    output_selection(cfg, options)
     resolution = options.resolution or cfg.img_size
     require_patch_multiple(*resolution, cfg.patch_size)
+    require_merge_room(*resolution, cfg)
     if options.labels is not None and len(options.labels) != cfg.num_classes:
         raise ValueError(f"{len(options.labels)} labels given for {cfg.num_classes} classes")
     if not options.allow_large:
@@ -98,18 +112,19 @@ def export_bundle(model: ViT, out: str | Path, *, options: ExportOptions = Expor
     cfg = model.cfg
     resolution = validate_request(cfg, options)
     model = model.eval()
+    selection = output_selection(cfg, options)
     notes: list[str] = []
     with atomic_directory(out, force=options.force) as tmp:
         raw = tmp / "model.raw.onnx"
         progress(f"tracing {cfg.name or 'the model'} with torch.onnx.export (dynamo)")
         export_onnx(model, raw, options=OnnxOptions(
-            opset=options.opset, features=options.features,
+            opset=options.opset, outputs=selection,
             static_resolution=resolution if options.static else None))
         export_seconds = time.perf_counter() - start
         cases = [(hw, b) for hw in parity_resolutions(model, resolution, options.static)
                  for b in PARITY_BATCHES]
         inputs = {case: sample_inputs(case[0], case[1], channels=cfg.in_chans) for case in cases}
-        forward = numpy_forward(model)
+        forward = numpy_forward(reference_model(model, selection))
         progress(f"running PyTorch on {len(inputs)} parity cases")
         refs = {case: forward(x) for case, x in inputs.items()}
 
@@ -128,7 +143,7 @@ def export_bundle(model: ViT, out: str | Path, *, options: ExportOptions = Expor
                     notes.append(f"onnxsim result discarded: it grew the graph "
                                  f"{nodes_raw} -> {nodes_sim} nodes")
                 else:
-                    report = _verify(model, sim, inputs, refs, progress)
+                    report = _verify(model, selection, sim, inputs, refs, progress)
                     if report:
                         chosen, nodes = sim, nodes_sim
                         simplify_info["kept"] = True
@@ -138,7 +153,7 @@ def export_bundle(model: ViT, out: str | Path, *, options: ExportOptions = Expor
             except ExportError as e:
                 notes.append(f"onnxsim result discarded: {e}")
         if report is None:
-            report = _verify(model, raw, inputs, refs, progress)
+            report = _verify(model, selection, raw, inputs, refs, progress)
         if not report:
             raise ParityError(report)
 
@@ -149,7 +164,8 @@ def export_bundle(model: ViT, out: str | Path, *, options: ExportOptions = Expor
         progress(f"writing the bundle to {out}")
         save_weights(model, tmp / WEIGHTS_FILE)
         seconds = time.perf_counter() - start
-        manifest = build_manifest(model, tmp, options=options, resolution=resolution,
+        manifest = build_manifest(model, tmp, options=options, selection=selection,
+                                  resolution=resolution,
                                   report=report, record={
                                       "simplify": simplify_info, "nodes": nodes,
                                       "export_s": round(export_seconds, 2),
@@ -158,31 +174,31 @@ def export_bundle(model: ViT, out: str | Path, *, options: ExportOptions = Expor
     return ExportResult(path=Path(out), manifest=manifest, report=report, seconds=seconds, notes=notes)
 
 
-def _verify(model: ViT, path: Path, inputs: dict, refs: dict,
+def _verify(model: ViT, selection: OutputSelection, path: Path, inputs: dict, refs: dict,
             progress: Progress = silent) -> ParityReport:
-    """ORT (CPU) against PyTorch on every case, and batch independence on both."""
+    """ORT (CPU) against PyTorch on every case and every output, and batch independence
+    on both."""
     with ViTSession(path, provider="cpu") as session:
         provider = short_name(session.providers[0])
-        cases = compare(session.run, list(refs.values()), list(inputs.values()),
+        cases = compare(session.run_all, list(refs.values()), list(inputs.values()),
                         precision="fp32", provider=provider, progress=progress)
         res = next(iter(inputs))[0]
         progress("batch independence on PyTorch and ONNX Runtime")
-        checks = [batch_independence(numpy_forward(model), res, subject="pytorch",
-                                     channels=model.cfg.in_chans),
-                  batch_independence(session.run, res, subject=f"onnxruntime:{provider}",
+        checks = [batch_independence(numpy_forward(reference_model(model, selection)), res,
+                                     subject="pytorch", channels=model.cfg.in_chans),
+                  batch_independence(session.run_all, res, subject=f"onnxruntime:{provider}",
                                      channels=model.cfg.in_chans)]
     return ParityReport(cases=cases, checks=checks)
 
 
-def build_manifest(model: ViT, root: Path, *, options: ExportOptions, resolution: tuple[int, int],
+def build_manifest(model: ViT, root: Path, *, options: ExportOptions,
+                   selection: OutputSelection, resolution: tuple[int, int],
                    report: ParityReport, record: dict[str, Any]) -> Manifest:
     cfg = model.cfg
     h_dim, w_dim = (resolution if options.static else (HEIGHT_DIM, WIDTH_DIM))
-    outputs = [TensorSpec(LOGITS_NAME, "float32", (BATCH_DIM, cfg.num_classes))]
-    if not cfg.num_classes:  # a backbone without a head: its output is the pooled features
-        outputs = [TensorSpec(FEATURES_NAME, "float32", (BATCH_DIM, cfg.width))]
-    elif options.features:
-        outputs.append(TensorSpec(FEATURES_NAME, "float32", (BATCH_DIM, cfg.width)))
+    outputs = [TensorSpec(name, "float32",
+                          output_shape(cfg, name, resolution if options.static else None))
+               for name in selection.names]
     return Manifest(
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         config=cfg,
@@ -191,7 +207,8 @@ def build_manifest(model: ViT, root: Path, *, options: ExportOptions, resolution
                                      (BATCH_DIM, cfg.in_chans, h_dim, w_dim)),),
                   outputs=tuple(outputs), dynamic=not options.static, patch_size=cfg.patch_size,
                   dim_rule=None if options.static else
-                  f"{HEIGHT_DIM} and {WIDTH_DIM} are positive multiples of {cfg.patch_size}"),
+                  f"{HEIGHT_DIM} and {WIDTH_DIM} are positive multiples of {cfg.patch_size}",
+                  layer_norm=selection.layer_norm),
         labels=tuple(options.labels) if options.labels else None,
         models={"fp32": MODEL_FILE},
         files={MODEL_FILE: FileEntry.of(root / MODEL_FILE, model_role("fp32")),
@@ -219,22 +236,29 @@ def model_from_flags(model: str = "B", *, patch: int | None = None,
                      native_res: tuple[int, int] | None = None, num_classes: int | None = None,
                      pos_embed: str = "learned", pool: str = "cls", seed: int = 0,
                      checkpoint: str | Path | None = None, source: str = "auto",
-                     heads: int | None = None) -> tuple[ViT, str | None]:
+                     heads: int | None = None, merge: str | None = None
+                     ) -> tuple[ViT, str | None]:
     """(model, checkpoint format) as the export command's flags describe: a seeded random
-    model, or a checkpoint whose own config must not contradict a flag that was given."""
-    from vit_deploy.config import config_from_flags
+    model, or a checkpoint whose own config must not contradict a flag that was given. A
+    --patch other than the checkpoint's resamples its patch embedding (PI-resize) and its
+    position table to the new grid; `merge` (see config.parse_merge) adds token merging."""
+    from vit_deploy.config import config_from_flags, parse_merge
     from vit_deploy.export.checkpoints import CheckpointError, load_any
     from vit_deploy.export.model import build_model
 
     cfg = config_from_flags(model, patch=patch, native_res=native_res, num_classes=num_classes,
                             pos_embed=pos_embed, pool=pool)
     if checkpoint is None:
-        return build_model(cfg, seed=seed), None
+        vit, fmt = build_model(cfg, seed=seed), None
+        return (vit.with_merging(parse_merge(merge, cfg.depth)) if merge else vit), None
     vit, fmt = load_any(checkpoint, source=source, heads=heads, fallback_cfg=cfg)
-    for flag, given, loaded in (("--patch", patch, vit.cfg.patch_size),
-                                ("--num-classes", num_classes, vit.cfg.num_classes),
+    for flag, given, loaded in (("--num-classes", num_classes, vit.cfg.num_classes),
                                 ("--native-res", native_res, vit.cfg.img_size)):
         if given is not None and given != loaded:  # ints, or (H, W) tuples
             raise CheckpointError(f"{flag} {given} contradicts the checkpoint, which has "
-                                  f"{loaded}; drop {flag} (resampling is not supported)")
+                                  f"{loaded}; drop {flag}")
+    if patch is not None and patch != vit.cfg.patch_size:  # FlexiViT: PI-resize the kernel
+        vit = vit.with_patch_size(patch)
+    if merge:
+        vit = vit.with_merging(parse_merge(merge, vit.cfg.depth))
     return vit, fmt

@@ -6,12 +6,15 @@ N = gh*gw patch tokens, T = prefix + N tokens, D width, h heads, d head dim.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from vit_deploy.config import ViTConfig
-from vit_deploy.sizes import require_patch_multiple
+from vit_deploy.outputs import OutputSelection, block_of
+from vit_deploy.sizes import require_merge_room, require_patch_multiple
 
 
 def resample_pos_embed(table: torch.Tensor, grid_hw: tuple, *, mode: str = "bicubic",
@@ -29,6 +32,31 @@ def resample_pos_embed(table: torch.Tensor, grid_hw: tuple, *, mode: str = "bicu
     return grid.permute(0, 2, 3, 1)  # (1, gh, gw, D)
 
 
+def pi_resize_matrix(old: tuple[int, int], new: tuple[int, int], *, mode: str = "bicubic",
+                     antialias: bool = True) -> torch.Tensor:
+    """The linear map B (new_h·new_w, old_h·old_w) that resizes a flattened old-size patch
+    to the new size (F.interpolate on each basis patch; float64)."""
+    n = old[0] * old[1]
+    basis = torch.eye(n, dtype=torch.float64).reshape(n, 1, *old)
+    resized = F.interpolate(basis, size=new, mode=mode, antialias=antialias, align_corners=False)
+    return resized.reshape(n, -1).T
+
+
+def resample_patch_embed(weight: torch.Tensor, new: tuple[int, int], *, mode: str = "bicubic",
+                         antialias: bool = True) -> torch.Tensor:
+    """FlexiViT's pseudo-inverse resize (PI-resize) of a patch-embedding kernel
+    (D, C, p, p) -> (D, C, new_h, new_w): w' = pinv(Bᵀ) w, so that <B x, w'> = <x, w> for
+    every old-size patch x when the kernel grows (exact), and in the least-squares sense
+    when it shrinks. timm's `resample_patch_embed` uses the same construction; bicubic with
+    antialias is its default. Differentiable in `weight` (flexible training)."""
+    D, C, ph, pw = weight.shape
+    if (ph, pw) == tuple(new):
+        return weight
+    B = pi_resize_matrix((ph, pw), tuple(new), mode=mode, antialias=antialias)
+    pinv = torch.linalg.pinv(B.T).to(weight.dtype)  # (new², old²)
+    return (weight.reshape(D * C, ph * pw) @ pinv.T).reshape(D, C, *new)
+
+
 class PatchEmbed(nn.Module):
     """Stride-P convolution: the same linear map applied to every flattened P×P patch."""
 
@@ -37,8 +65,13 @@ class PatchEmbed(nn.Module):
         self.patch_size = cfg.patch_size
         self.proj = nn.Conv2d(cfg.in_chans, cfg.width, cfg.patch_size, stride=cfg.patch_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.proj(x)  # (B, D, gh, gw)
+    def forward(self, x: torch.Tensor, patch: int | None = None) -> torch.Tensor:
+        """`patch` other than the model's: the kernel PI-resized to it (FlexiViT training)."""
+        if patch is None or patch == self.patch_size:
+            x = self.proj(x)  # (B, D, gh, gw)
+        else:
+            w = resample_patch_embed(self.proj.weight, (patch, patch))
+            x = F.conv2d(x, w, self.proj.bias, stride=patch)
         return x.flatten(2).transpose(1, 2)  # (B, N, D), raster order
 
 
@@ -107,14 +140,69 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.width, 3 * cfg.width, bias=cfg.qkv_bias)
         self.proj = nn.Linear(cfg.width, cfg.width)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, size: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, D) -> (output (B, T, D), keys averaged over heads (B, T, d)).
+
+        `size` (B, T, 1): how many patches each token stands for after merging; ToMe's
+        proportional attention adds log(size) to every key's logit."""
         B, T, D = x.shape
         # One 4-D transpose and a Split: measured 2 % faster in ORT (int8) than the
         # 5-D permute + unbind, which exports as 3 Slice + 3 Squeeze per block.
         qkv = self.qkv(x).view(B, T, 3 * self.heads, self.head_dim).transpose(1, 2)  # (B, 3h, T, d)
         q, k, v = qkv.split(self.heads, dim=1)  # 3 × (B, h, T, d)
-        x = F.scaled_dot_product_attention(q, k, v)  # (B, h, T, d)
-        return self.proj(x.transpose(1, 2).reshape(B, T, D))  # (B, T, D)
+        bias = None if size is None else size.log().transpose(1, 2)[:, None]  # (B, 1, 1, T)
+        x = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # (B, h, T, d)
+        return self.proj(x.transpose(1, 2).reshape(B, T, D)), k.mean(dim=1)
+
+
+def bipartite_soft_matching(metric: torch.Tensor, r: int, prefix: int
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ToMe's matching (Bolya et al. 2023, Algorithm 1) on the patch tokens of one block.
+
+    metric (B, T, d): each token's key. Prefix tokens (class, distillation, registers)
+    take no part. The N patches alternate into sets A (even) and B (odd); each A token
+    finds its most similar B token (cosine); the r best-matched A tokens are merged into
+    their B partners. Returns, as indices into the N patches: the merged A tokens (B, r),
+    their B partners (B, r), and the N - r survivors in raster order (B, N - r).
+
+    Exportable with dynamic shapes: ArgMax, TopK, GatherElements, ScatterElements; the
+    token count after the block is N - r, a linear expression (needs N >= 2r: see
+    ViTConfig.min_patches).
+    """
+    m = metric[:, prefix:]  # (B, N, d)
+    m = m / m.norm(dim=-1, keepdim=True)
+    N = m.shape[1]
+    position = torch.arange(N, device=m.device)  # (N,)
+    in_a = position % 2 == 0  # A: even patches, B: odd ones
+    # All pairs, then only A rows × B columns: no strided slices, whose ceil/floor
+    # lengths would nest block after block in the exporter's symbolic shapes.
+    scores = (m @ m.transpose(1, 2)).masked_fill(~(in_a[:, None] & ~in_a[None, :]),
+                                                  float("-inf"))  # (B, N, N) cosines
+    best, partner = scores.max(dim=-1)  # (B, N): each A token's best B partner (B rows: -inf)
+    src = best.topk(r, dim=-1).indices  # (B, r) the best-matched A tokens merge
+    dst = partner.gather(1, src)  # (B, r) into their partners
+    merged = torch.zeros_like(best).scatter(1, src, 1.0)  # (B, N)
+    order = position.to(m.dtype)[None] + merged * N  # merged tokens sort last
+    keep = (-order).topk(N - r, dim=-1).indices  # (B, N - r) survivors, ascending
+    return src, dst, keep
+
+
+def merge_tokens(x: torch.Tensor, size: torch.Tensor, prefix: int, src: torch.Tensor,
+                 dst: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Size-weighted average of each merged group: x (B, T, D), size (B, T, 1) ->
+    (B, T - r, D), (B, T - r, 1). Prefix tokens stay first and untouched; the surviving
+    patch tokens keep their raster order."""
+    def merge(t: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, T - r, C), summed
+        C = t.shape[-1]
+        pre, patches = t[:, :prefix], t[:, prefix:]
+        moved = patches.gather(1, src[..., None].expand(-1, -1, C))  # (B, r, C)
+        patches = patches.scatter_add(1, dst[..., None].expand(-1, -1, C), moved)
+        return torch.cat([pre, patches.gather(1, keep[..., None].expand(-1, -1, C))], dim=1)
+
+    total = merge(x * size)
+    size = merge(size)
+    return total / size, size
 
 
 class MLP(nn.Module):
@@ -140,9 +228,9 @@ class LayerScale(nn.Module):
 
 class Block(nn.Module):
     """Pre-norm encoder block: x + MHA(LN(x)), then x + MLP(LN(x)) (each branch optionally
-    layer-scaled)."""
+    layer-scaled). With `merge` r > 0, ToMe merges r patch tokens between the two."""
 
-    def __init__(self, cfg: ViTConfig):
+    def __init__(self, cfg: ViTConfig, merge: int = 0):
         super().__init__()
         self.norm1 = nn.LayerNorm(cfg.width, eps=cfg.norm_eps)
         self.attn = Attention(cfg)
@@ -150,10 +238,25 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(cfg.width, eps=cfg.norm_eps)
         self.mlp = MLP(cfg)
         self.ls2 = LayerScale(cfg.width) if cfg.layer_scale else nn.Identity()
+        self.merge, self.prefix = merge, cfg.num_prefix_tokens
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.ls1(self.attn(self.norm1(x)))
-        return x + self.ls2(self.mlp(self.norm2(x)))
+    def forward(self, x: torch.Tensor, size: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x (B, T, D), size (B, T, 1) or None (nothing merged yet) -> the same, T - r."""
+        out, metric = self.attn(self.norm1(x), size)
+        x = x + self.ls1(out)
+        if self.merge:
+            if size is None:
+                size = torch.ones_like(x[..., :1])  # (B, T, 1)
+            x, size = merge_tokens(x, size, self.prefix,
+                                   *bipartite_soft_matching(metric, self.merge, self.prefix))
+        return x + self.ls2(self.mlp(self.norm2(x))), size
+
+
+class Tokens(NamedTuple):
+    normed: torch.Tensor  # (B, T, D) after the final norm
+    layers: list[torch.Tensor]  # (B, T, D) after each requested block, raw
+    size: torch.Tensor | None  # (B, T, 1) patches per token; None: nothing merged
 
 
 class ViT(nn.Module):
@@ -166,7 +269,7 @@ class ViT(nn.Module):
         self.reg_token = (nn.Parameter(torch.zeros(1, cfg.num_registers, cfg.width))
                           if cfg.num_registers else None)
         self.pos = LearnedPosEmbed(cfg) if cfg.pos_embed == "learned" else FactorizedPosEmbed(cfg)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
+        self.blocks = nn.ModuleList(Block(cfg, r) for r in (cfg.merge or (0,) * cfg.depth))
         norm = nn.LayerNorm(cfg.width, eps=cfg.norm_eps)
         self.norm = nn.Identity() if cfg.fc_norm else norm
         self.fc_norm = norm if cfg.fc_norm else nn.Identity()
@@ -186,11 +289,19 @@ class ViT(nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> normalised tokens (B, T, D)."""
-        P = self.cfg.patch_size
+        return self.forward_tokens(x).normed
+
+    def forward_tokens(self, x: torch.Tensor, layers: tuple[int, ...] = (), *,
+                       patch: int | None = None) -> Tokens:
+        """(B, C, H, W) -> normalised tokens (B, T, D), the tokens after each 1-based
+        block in `layers` (B, T, D; not normalised), and with token merging the patches
+        each token stands for (B, T, 1). `patch`: run at another patch size (FlexiViT)."""
+        P = patch or self.cfg.patch_size
         H, W = x.shape[-2:]
         if not torch.compiler.is_compiling():  # eager callers get a readable error
             require_patch_multiple(int(H), int(W), P)
-        tokens = self.patch_embed(x)  # (B, N, D)
+            require_merge_room(int(H), int(W), self.cfg)
+        tokens = self.patch_embed(x, patch)  # (B, N, D)
         pos_prefix, pos_cells = self.pos((H // P, W // P))  # (1, prefix, D), (1, N, D)
         tokens = tokens + pos_cells
         prefix = [t for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
@@ -199,16 +310,31 @@ class ViT(nn.Module):
             k = pos_prefix.shape[1]  # the first k of them have a position row
             pre = torch.cat([pre[:, :k] + pos_prefix, pre[:, k:]], dim=1)
             tokens = torch.cat([pre.expand(tokens.shape[0], -1, -1), tokens], dim=1)  # (B, T, D)
-        for block in self.blocks:
-            tokens = block(tokens)
-        return self.norm(tokens)
+        kept, size = [], None
+        for i, block in enumerate(self.blocks, start=1):
+            tokens, size = block(tokens, size)
+            if i in layers:
+                kept.append(tokens)
+        return Tokens(self.norm(tokens), [kept[sorted(layers).index(b)] for b in layers], size)
 
-    def forward_head(self, tokens: torch.Tensor, *, pre_logits: bool = False) -> torch.Tensor:
-        """Normalised tokens (B, T, D) -> logits (B, classes), or pooled (B, D)."""
+    def patch_grid(self, tokens: torch.Tensor, grid_hw: tuple) -> torch.Tensor:
+        """Tokens (B, T, D) -> the patch tokens on their grid (B, D, gh, gw), prefix
+        tokens (class, distillation, registers) dropped."""
+        patches = tokens[:, self.cfg.num_prefix_tokens:]  # (B, N, D), raster order
+        return patches.transpose(1, 2).reshape(tokens.shape[0], -1, grid_hw[0], grid_hw[1])
+
+    def forward_head(self, tokens: torch.Tensor, *, pre_logits: bool = False,
+                     size: torch.Tensor | None = None) -> torch.Tensor:
+        """Normalised tokens (B, T, D) -> logits (B, classes), or pooled (B, D). Mean
+        pooling after token merging weighs each token by the patches it stands for."""
+        K = self.cfg.num_prefix_tokens
         if self.cfg.pool == "cls":
             pooled = tokens[:, 0]  # (B, D)
+        elif size is None:
+            pooled = tokens[:, K:].mean(dim=1)  # (B, D)
         else:
-            pooled = tokens[:, self.cfg.num_prefix_tokens:].mean(dim=1)  # (B, D)
+            w = size[:, K:]  # (B, N', 1)
+            pooled = (tokens[:, K:] * w).sum(dim=1) / w.sum(dim=1)  # (B, D)
         pooled = self.fc_norm(pooled)
         if pre_logits:
             return pooled
@@ -216,8 +342,49 @@ class ViT(nn.Module):
             return (self.head(pooled) + self.head_dist(self.fc_norm(tokens[:, 1]))) / 2
         return self.head(pooled)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
+    def forward(self, x: torch.Tensor, *, patch: int | None = None) -> torch.Tensor:
+        t = self.forward_tokens(x, patch=patch)
+        return self.forward_head(t.normed, size=t.size)
+
+    def with_merging(self, merge: tuple[int, ...]) -> ViT:
+        """A copy that merges merge[l] tokens in block l (ToMe; no weights change)."""
+        import copy
+
+        out = copy.deepcopy(self)
+        out.cfg = self.cfg.replace(merge=tuple(merge))  # validates the schedule
+        for block, r in zip(out.blocks, out.cfg.merge or (0,) * len(out.blocks)):
+            block.merge = r
+        return out
+
+    def with_patch_size(self, patch: int) -> ViT:
+        """A copy deployed at another patch size: the kernel PI-resized (FlexiViT), the
+        position table resampled to the new native grid (round(native / patch) cells a
+        side), everything else shared."""
+        cfg = self.cfg
+        if patch == cfg.patch_size:
+            return self
+        grid = tuple(max(1, round(s / patch)) for s in cfg.img_size)
+        new_cfg = cfg.replace(patch_size=patch, img_size=(grid[0] * patch, grid[1] * patch),
+                              trained_patch_size=cfg.trained_patch_size or cfg.patch_size)
+        out = ViT(new_cfg).eval()
+        state = {k: v for k, v in self.state_dict().items()
+                 if not k.startswith(("patch_embed.", "pos."))}
+        with torch.no_grad():
+            state["patch_embed.proj.weight"] = resample_patch_embed(
+                self.patch_embed.proj.weight.double(), (patch, patch)).float()
+            state["patch_embed.proj.bias"] = self.patch_embed.proj.bias.clone()
+            prefix, cells = self.pos(grid)  # (1, K, D), (1, gh * gw, D)
+            if isinstance(out.pos, LearnedPosEmbed):
+                state["pos.pos_embed"] = torch.cat([prefix, cells], dim=1)
+            else:  # factorized: each table along its own axis
+                kw = dict(mode=cfg.pos_interp, antialias=cfg.pos_antialias)
+                state["pos.pos_row"] = resample_pos_embed(
+                    self.pos.pos_row[:, :, None], (grid[0], 1), **kw)[:, :, 0]
+                state["pos.pos_col"] = resample_pos_embed(
+                    self.pos.pos_col[:, None], (1, grid[1]), **kw)[:, 0]
+                state["pos.pos_prefix"] = self.pos.pos_prefix.clone()
+        out.load_state_dict(state)
+        return out
 
     def frozen_at(self, height: int, width: int) -> ViT:
         """A copy whose position table is computed once for one input size (static export)."""
@@ -232,23 +399,58 @@ class ViT(nn.Module):
         return frozen
 
 
-class ViTWithFeatures(nn.Module):
-    """Export wrapper: returns (logits, pooled features)."""
+class ViTOutputs(nn.Module):
+    """Export wrapper: the named outputs of an OutputSelection, in its order (see
+    vit_deploy/outputs.py for the names and their shapes)."""
 
-    def __init__(self, vit: ViT):
+    def __init__(self, vit: ViT, names: tuple[str, ...], *, layer_norm: bool = True):
         super().__init__()
-        self.vit = vit
+        self.vit, self.names, self.layer_norm = vit, tuple(names), layer_norm
+        self.layers = tuple(b for b in map(block_of, self.names) if b is not None)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        tokens = self.vit.forward_features(x)
-        return self.vit.forward_head(tokens), self.vit.forward_head(tokens, pre_logits=True)
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        from vit_deploy.contract import (CLASS_TOKEN_NAME, FEATURES_NAME, LOGITS_NAME,
+                                         PATCH_TOKENS_NAME, REGISTERS_NAME)
+        vit, cfg = self.vit, self.vit.cfg
+        grid = (x.shape[-2] // cfg.patch_size, x.shape[-1] // cfg.patch_size)
+        tokens, inner, size = vit.forward_tokens(x, self.layers)  # (B, T, D), [(B, T, D)]
+        first_register = int(cfg.class_token) + int(cfg.dist_token)
+        out = []
+        for name in self.names:
+            if name == LOGITS_NAME:
+                out.append(vit.forward_head(tokens, size=size))  # (B, K)
+            elif name == FEATURES_NAME:
+                out.append(vit.forward_head(tokens, pre_logits=True, size=size))  # (B, D)
+            elif name == PATCH_TOKENS_NAME:
+                out.append(vit.patch_grid(tokens, grid))  # (B, D, gh, gw)
+            elif name == CLASS_TOKEN_NAME:
+                out.append(tokens[:, 0])  # (B, D)
+            elif name == REGISTERS_NAME:
+                out.append(tokens[:, first_register:first_register + cfg.num_registers])
+            else:  # layer_N
+                t = inner[self.layers.index(block_of(name))]
+                out.append(vit.patch_grid(vit.norm(t) if self.layer_norm else t, grid))
+        return tuple(out)
+
+
+def reference_model(model: ViT, selection: OutputSelection) -> nn.Module:
+    """What the ONNX graph computes, in PyTorch: the model, or its outputs wrapper."""
+    if selection.default_only:
+        return model
+    return ViTOutputs(model, selection.names, layer_norm=selection.layer_norm).eval()
 
 
 def numpy_forward(model: nn.Module):
-    """The model as a numpy function (B, C, H, W) float32 -> (B, K), for parity checks."""
+    """The model as a numpy function for parity checks: (B, C, H, W) float32 -> (B, K), or
+    {name: array} for a ViTOutputs wrapper."""
+    names = getattr(model, "names", None)
+
     def forward(x):
         with torch.inference_mode():
-            return model(torch.from_numpy(x)).numpy()
+            out = model(torch.from_numpy(x))
+        if names is None:
+            return out.numpy()
+        return {name: t.numpy() for name, t in zip(names, out)}
     return forward
 
 

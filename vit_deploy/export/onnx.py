@@ -15,9 +15,11 @@ import onnx
 import torch
 
 from vit_deploy.atomic import write_bytes_atomic
-from vit_deploy.contract import (BATCH_DIM, HEIGHT_DIM, INPUT_NAME, IR_VERSION, LOGITS_NAME,
-                                 FEATURES_NAME, METADATA_CONFIG_KEY, METADATA_LINEARS_KEY, OPSET, PRODUCER, WIDTH_DIM)
-from vit_deploy.export.model import ViT, ViTWithFeatures
+from vit_deploy.contract import (BATCH_DIM, GRID_H_DIM, GRID_W_DIM, HEIGHT_DIM, INPUT_NAME,
+                                 IR_VERSION, METADATA_CONFIG_KEY, METADATA_LINEARS_KEY, OPSET,
+                                 PRODUCER, WIDTH_DIM)
+from vit_deploy.export.model import ViT, ViTOutputs
+from vit_deploy.outputs import OutputSelection, is_grid_output, select_outputs
 
 # Trace on a non-square grid that is nobody's native grid, with batch 2, so nothing
 # specialises on a size (DESIGN.md).
@@ -34,6 +36,7 @@ class OnnxOptions:
     opset: int = OPSET
     static_resolution: tuple[int, int] | None = None  # freeze one (H, W): no Resize in the graph
     features: bool = False  # also output the pooled features (B, D)
+    outputs: OutputSelection | None = None  # None: the model's defaults (outputs.py)
 
 
 def export_onnx(model: ViT, dst: str | Path, *, options: OnnxOptions = OnnxOptions()) -> Path:
@@ -55,10 +58,12 @@ def export_onnx(model: ViT, dst: str | Path, *, options: OnnxOptions = OnnxOptio
         example = torch.randn(TRACE_BATCH, cfg.in_chans, P * TRACE_GRID[0], P * TRACE_GRID[1])
         gh, gw = torch.export.Dim("gh", min=1), torch.export.Dim("gw", min=1)
         dynamic_shapes = {"x": {0: torch.export.Dim("batch", min=1), 2: P * gh, 3: P * gw}}
-    features = options.features and cfg.num_classes > 0  # without a head, logits are features
-    module: torch.nn.Module = ViTWithFeatures(model) if features else model
-    output_names = ([LOGITS_NAME, FEATURES_NAME] if features
-                    else [LOGITS_NAME] if cfg.num_classes else [FEATURES_NAME])
+    selection = options.outputs or select_outputs(cfg, features=options.features)
+    # The classic one-output graph is the model itself; anything else goes through the
+    # wrapper, whose module paths are the same under "vit." (linear_nodes_from_scopes).
+    module: torch.nn.Module = (model if selection.default_only else
+                               ViTOutputs(model, selection.names, layer_norm=selection.layer_norm))
+    output_names = list(selection.names)
     try:
         with _quiet(), torch.no_grad():
             program = torch.onnx.export(
@@ -69,6 +74,7 @@ def export_onnx(model: ViT, dst: str | Path, *, options: OnnxOptions = OnnxOptio
         raise ExportError(f"torch.onnx.export failed for {cfg.name or 'model'}: {e}") from e
     proto = program.model_proto
     finalize(proto, config_json=cfg.to_json())
+    _name_grid_dims(proto)
     validate_onnx(proto)
     return write_bytes_atomic(dst, proto.SerializeToString())
 
@@ -92,6 +98,16 @@ def finalize(proto: onnx.ModelProto, *, config_json: str) -> None:
                          METADATA_LINEARS_KEY: json.dumps(linear_nodes_from_scopes(proto))})
 
 
+def _name_grid_dims(proto: onnx.ModelProto) -> None:
+    """Dense outputs (B, D, gh, gw): their symbolic grid dims get the contract's names."""
+    for value in proto.graph.output:
+        dims = value.type.tensor_type.shape.dim
+        if is_grid_output(value.name) and len(dims) == 4:
+            for dim, name in ((dims[2], GRID_H_DIM), (dims[3], GRID_W_DIM)):
+                if dim.dim_param or not dim.HasField("dim_value"):
+                    dim.dim_param = name
+
+
 def linear_nodes_from_scopes(proto: onnx.ModelProto) -> dict[str, str]:
     """{module path: ONNX node name} of the MatMul/Gemm computing each nn.Linear, read from
     the name scopes the dynamo exporter records on every node. Node names survive onnxsim
@@ -107,8 +123,10 @@ def linear_nodes_from_scopes(proto: onnx.ModelProto) -> dict[str, str]:
             scopes = ast.literal_eval(meta.get("pkg.torch.onnx.name_scopes", "[]"))
         except (ValueError, SyntaxError):
             continue
-        if len(scopes) >= 2 and scopes[-2] and scopes[-2] not in out:
-            out[scopes[-2]] = node.name
+        path = scopes[-2] if len(scopes) >= 2 else ""
+        path = path.removeprefix("vit.")  # the same layer under an export wrapper
+        if path and path not in out:
+            out[path] = node.name
     return out
 
 

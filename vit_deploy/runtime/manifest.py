@@ -21,12 +21,14 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from vit_deploy.config import ViTConfig
-from vit_deploy.contract import (BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, INTERPOLATIONS,
-                                 MANIFEST_NAME, RESIZE_RULES, WEIGHTS_ROLE, model_role)
+from vit_deploy.contract import (BUCKET_POLICIES, BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION,
+                                 INTERPOLATIONS, MANIFEST_NAME, PRECISIONS, RESIZE_RULES,
+                                 TARGETS, WEIGHTS_ROLE, model_role)
 from vit_deploy.sizes import MAX_SIDE, format_resolution, require_patch_multiple
 
 MAX_MANIFEST_BYTES = 16 * 2**20  # ours are ~10 KB; a manifest is read whole before parsing
 MAX_DEPTH = 16  # nesting of the JSON; ours is 6 deep
+MAX_TARGET_BATCH = 4096  # a target graph's fixed batch
 MIN_STD = 1e-6  # a smaller std multiplies pixels by > 1e6: a broken or hostile manifest
 _PRECISION_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
 
@@ -71,10 +73,17 @@ class IOSpec:
     dynamic: bool
     patch_size: int
     dim_rule: str | None = None
+    layer_norm: bool = True  # layer_N outputs went through the final norm (export --layers)
 
     @property
     def output_names(self) -> list[str]:
         return [o.name for o in self.outputs]
+
+    def output(self, name: str) -> TensorSpec:
+        for o in self.outputs:
+            if o.name == name:
+                return o
+        raise BundleError(f"the bundle has no output {name!r}; it has {self.output_names}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,6 +101,52 @@ class PreprocessSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class BucketGraph:
+    """One fixed-shape graph of an edge target: (batch, C, H, W) at one precision."""
+
+    resolution: tuple[int, int]  # (H, W)
+    batch: int
+    precision: str
+    file: str  # the .onnx file
+    ort_file: str | None = None  # the same graph in ORT format, where the target has one
+
+
+@dataclass(frozen=True, kw_only=True)
+class TargetSpec:
+    """An edge target's artifacts (`vit-deploy target`): per resolution bucket a static
+    graph per precision, the bucket policy the runtime follows, and what was measured
+    (parity per graph, ORT's mobile checker, the ORT-format release) in `record`."""
+
+    name: str  # one of contract.TARGETS
+    batch: int  # every graph's fixed batch
+    policy: str  # how the runtime picks a bucket per image (runtime/buckets.py)
+    graphs: tuple[BucketGraph, ...]
+    required_operators: str | None = None  # ORT's reduced-build config for the .ort files
+    record: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def resolutions(self) -> tuple[tuple[int, int], ...]:
+        return tuple(dict.fromkeys(g.resolution for g in self.graphs))
+
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(g.precision for g in self.graphs))
+
+    def graph(self, precision: str, hw: tuple[int, int]) -> BucketGraph | None:
+        return next((g for g in self.graphs if g.precision == precision
+                     and g.resolution == tuple(hw)), None)
+
+    def files(self) -> list[str]:
+        names = [n for g in self.graphs for n in (g.file, g.ort_file) if n]
+        return names + ([self.required_operators] if self.required_operators else [])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batch": self.batch, "policy": self.policy,
+                "graphs": [_plain(dataclasses.asdict(g)) for g in self.graphs],
+                "required_operators": self.required_operators, "record": _plain(self.record)}
+
+
+@dataclass(frozen=True, kw_only=True)
 class Manifest:
     config: ViTConfig
     preprocess: PreprocessSpec
@@ -106,6 +161,7 @@ class Manifest:
     parity: Mapping[str, Any] = field(default_factory=dict)
     precisions: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     versions: Mapping[str, str] = field(default_factory=dict)
+    targets: Mapping[str, TargetSpec] = field(default_factory=dict)  # edge targets by name
     format_version: int = BUNDLE_FORMAT_VERSION
 
     # -- the questions callers ask -----------------------------------------------------
@@ -172,7 +228,25 @@ class Manifest:
         """Every file the bundle wrote: the listed ones and the manifest itself."""
         return [*self.files, MANIFEST_NAME]
 
+    def target(self, name: str) -> TargetSpec:
+        if name not in self.targets:
+            raise BundleError(f"bundle has no {name!r} target; it has {sorted(self.targets) or 'none'}"
+                              f" (add it with vit-deploy target BUNDLE --target {name} --buckets ...)")
+        return self.targets[name]
+
     # -- changes -----------------------------------------------------------------------
+    def with_target(self, spec: TargetSpec, entries: Mapping[str, FileEntry]) -> Manifest:
+        """This manifest with `spec` in place of any target of its name: the old target's
+        files leave `files`, the new ones (`entries`, one per file of `spec`) come in."""
+        missing = sorted(set(spec.files()) - set(entries))
+        if missing:
+            raise ValueError(f"target {spec.name!r} lists files without entries: {missing}")
+        old = set(self.targets[spec.name].files()) if spec.name in self.targets else set()
+        files = {n: e for n, e in self.files.items() if n not in old}
+        return dataclasses.replace(self, files={**files, **entries},
+                                   targets={**self.targets, spec.name: spec},
+                                   format_version=BUNDLE_FORMAT_VERSION)
+
     def with_precision(self, precision: str, file: str, entry: FileEntry,
                        record: Mapping[str, Any]) -> Manifest:
         return dataclasses.replace(
@@ -196,6 +270,8 @@ class Manifest:
             "parity": _plain(self.parity),
             "precisions": _plain(self.precisions),
             "versions": dict(self.versions),
+            **({"targets": {n: t.to_dict() for n, t in self.targets.items()}}
+               if self.targets else {}),
         }
 
     def to_json(self) -> str:
@@ -245,7 +321,7 @@ class Manifest:
                   "a file listed under files", name)
         _need("fp32" in models, where, "models", "an object with an fp32 model", models)
         labels = m.get("labels")
-        classes = io.outputs[0].shape[-1] if config.num_classes else None
+        classes = config.num_classes or None
         _need(labels is None or (isinstance(labels, list) and len(labels) == classes and all(
             isinstance(x, str) and len(x) <= 1000 for x in labels)), where, "labels",
             f"null or {classes} strings (one per output of the model)", labels)
@@ -260,6 +336,7 @@ class Manifest:
                    files=files, labels=tuple(labels) if labels is not None else None,
                    created=created, export=m.get("export", {}), parity=m.get("parity", {}),
                    precisions=m.get("precisions", {}), versions=m.get("versions", {}),
+                   targets=_targets(m.get("targets", {}), files, config, where),
                    format_version=version)
 
     # -- files -------------------------------------------------------------------------
@@ -363,8 +440,12 @@ def _io(io: dict[str, Any], config: ViTConfig, where: str) -> IOSpec:
           f"[batch, {config.in_chans}, height, width]", list(shape))
     rule = io.get("dim_rule")
     _need(rule is None or isinstance(rule, str), where, "io.dim_rule", "a string", rule)
+    names = [o.name for o in specs["outputs"]]
+    _need(len(set(names)) == len(names), where, "io.outputs", "distinct output names", names)
+    layer_norm = io.get("layer_norm", True)
+    _need(isinstance(layer_norm, bool), where, "io.layer_norm", "true or false", layer_norm)
     return IOSpec(inputs=specs["inputs"], outputs=specs["outputs"], dynamic=io["dynamic"],
-                  patch_size=io["patch_size"], dim_rule=rule)
+                  patch_size=io["patch_size"], dim_rule=rule, layer_norm=layer_norm)
 
 
 def _preprocess(pre: dict[str, Any], config: ViTConfig, io: IOSpec, where: str) -> PreprocessSpec:
@@ -396,6 +477,46 @@ def _preprocess(pre: dict[str, Any], config: ViTConfig, io: IOSpec, where: str) 
               "a positive finite number", pre["scale"])
         fields["scale"] = float(pre["scale"])
     return PreprocessSpec(**fields)
+
+
+def _targets(targets: Any, files: Mapping[str, FileEntry], config: ViTConfig,
+             where: str) -> dict[str, TargetSpec]:
+    """The edge targets (absent before `vit-deploy target` existed: none)."""
+    _need(isinstance(targets, dict), where, "targets", "an object", targets)
+    P = config.patch_size
+    out = {}
+    for name, t in targets.items():
+        at = f"targets[{str(name)[:20]!r}]"
+        _need(name in TARGETS, where, "targets", f"names from {list(TARGETS)}", name)
+        _need(isinstance(t, dict) and _is_int(t.get("batch"), 1, MAX_TARGET_BATCH)
+              and t.get("policy") in BUCKET_POLICIES and isinstance(t.get("graphs"), list)
+              and bool(t["graphs"]) and isinstance(t.get("record", {}), dict), where, at,
+              f"{{batch: 1..{MAX_TARGET_BATCH}, policy: one of {list(BUCKET_POLICIES)}, "
+              f"graphs: a non-empty list, record: an object}}", t)
+        graphs = []
+        for g in t["graphs"]:
+            res = g.get("resolution") if isinstance(g, dict) else None
+            _need(isinstance(res, list) and len(res) == 2
+                  and all(_is_int(v, P, MAX_SIDE) and v % P == 0 for v in res)
+                  and g.get("precision") in PRECISIONS and g.get("batch") == t["batch"]
+                  and g.get("file") in files
+                  and (g.get("ort_file") is None or g.get("ort_file") in files),
+                  where, f"{at}.graphs", f"[{{resolution: [H, W] multiples of {P} up to "
+                  f"{MAX_SIDE}, batch: {t['batch']}, precision: one of {list(PRECISIONS)}, "
+                  f"file and ort_file: files listed under files}}]", g)
+            graphs.append(BucketGraph(resolution=tuple(res), batch=g["batch"],
+                                      precision=g["precision"], file=g["file"],
+                                      ort_file=g.get("ort_file")))
+        keys = [(g.precision, g.resolution) for g in graphs]
+        _need(len(set(keys)) == len(keys), where, f"{at}.graphs",
+              "one graph per precision and resolution", t["graphs"])
+        ops = t.get("required_operators")
+        _need(ops is None or ops in files, where, f"{at}.required_operators",
+              "null or a file listed under files", ops)
+        out[name] = TargetSpec(name=name, batch=t["batch"], policy=t["policy"],
+                               graphs=tuple(graphs), required_operators=ops,
+                               record=t.get("record", {}))
+    return out
 
 
 def _reject_constant(name: str) -> float:
@@ -453,10 +574,14 @@ class BundleSummary:
         lines: list[Any] = [
             f"bundle {self.path}: {cfg.name or 'ViT'} width {cfg.width} depth {cfg.depth} "
             f"heads {cfg.heads} patch {cfg.patch_size}, native "
-            f"{format_resolution(cfg.img_size)}, {cfg.num_classes} classes",
+            f"{format_resolution(cfg.img_size)}, {cfg.num_classes} classes"
+            + (f", patch embedding PI-resized from {cfg.trained_patch_size} (FlexiViT)"
+               if cfg.trained_patch_size else "")
+            + (f", token merging {list(cfg.merge)} per block (ToMe)" if cfg.merging else ""),
             f"input {inp.name} {list(inp.shape)} {inp.dtype}"
             + (f" ({io.dim_rule})" if io.dim_rule else " (static)")
-            + f"; outputs {io.output_names}; preprocessing {m.preprocess.resize} to "
+            + "; outputs " + ", ".join(f"{o.name} {list(o.shape)}" for o in io.outputs)
+            + f"; preprocessing {m.preprocess.resize} to "
               f"{format_resolution(m.deploy_resolution)}"]
         table = Table("file", "role", "size", "nodes", "sha256")
         for name, entry in m.files.items():
@@ -473,7 +598,39 @@ class BundleSummary:
         if "total_s" in m.export:
             lines.append(f"export took {m.export['total_s']} s (torch.onnx.export "
                          f"{m.export.get('export_s', '?')} s)")
+        for t in m.targets.values():
+            graphs = t.record.get("graphs") if isinstance(t.record, Mapping) else None
+            cosines = [g["parity"]["cosine"] for g in graphs or [] if isinstance(g, Mapping)
+                       and isinstance(g.get("parity"), Mapping) and g.get("passed")
+                       and _is_number(g["parity"].get("cosine"))]
+            lines.append(f"target {t.name}: batch {t.batch}, buckets "
+                         f"{[format_resolution(r) for r in t.resolutions]}, {list(t.precisions)}, "
+                         f"policy {t.policy}; {len(t.graphs)} graph(s)"
+                         + (f", min cosine vs PyTorch {min(cosines):.6f}" if cosines else "")
+                         + (", ORT format with " + t.required_operators if t.required_operators
+                            else ""))
+            lines += mobile_lines(t.record.get("mobile_check"))
         return Group(*lines)
+
+
+def mobile_lines(check: Any) -> list[str]:
+    """ORT's mobile checker's verdicts, as `vit-deploy target` stores them, one line per
+    graph checked and execution provider."""
+    if not isinstance(check, Mapping):
+        return []
+    out = []
+    for which, eps in check.items():
+        if not isinstance(eps, Mapping):
+            continue
+        for ep, v in eps.items():
+            try:
+                out.append(f"  ORT mobile checker, {which}: {ep} {v['supported_nodes']}/"
+                           f"{v['nodes']} nodes in {v['partitions']} partition(s), verdict "
+                           f"{v['verdict']}" + (f"; unsupported ops {list(v['unsupported_ops'])}"
+                                                if v.get("unsupported_ops") else ""))
+            except (KeyError, TypeError):
+                continue
+    return out
 
 
 def _parity_line(parity: Mapping[str, Any]) -> list[str]:

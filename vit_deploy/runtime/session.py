@@ -14,7 +14,8 @@ import numpy as np
 import onnxruntime as ort
 
 from vit_deploy.config import ViTConfig
-from vit_deploy.contract import FEATURES_NAME, LOGITS_NAME, METADATA_CONFIG_KEY
+from vit_deploy.contract import FEATURES_NAME, LOGITS_NAME, METADATA_CONFIG_KEY, PATCH_TOKENS_NAME
+from vit_deploy.runtime.buckets import BucketRunner, resolve_target
 from vit_deploy.runtime.graph_cache import OptimizedGraphCache
 from vit_deploy.runtime.manifest import BundleError, Manifest, load_manifest
 from vit_deploy.runtime.model_scan import inspect_model
@@ -23,7 +24,9 @@ from vit_deploy.runtime.preprocess import ImageInput, Preprocess
 from vit_deploy.runtime.providers import (CPU, Provider, ProviderError, ProviderSpec, available,
                                           captured_stderr, failure_reason, parse_providers,
                                           short_name)
-from vit_deploy.sizes import MemoryEstimateError, guard_memory, require_patch_multiple
+from vit_deploy.runtime.tensorrt import tensorrt_defaults
+from vit_deploy.sizes import (MemoryEstimateError, guard_memory, require_merge_room,
+                              require_patch_multiple)
 
 OPTIMIZATION_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -101,7 +104,7 @@ class ViTSession:
 
     def __init__(self, model: str | Path, *, provider: ProviderSpec | Sequence[ProviderSpec] = "cpu",
                  precision: str = "fp32", fallback: bool = False,
-                 options: RuntimeOptions = RuntimeOptions()):
+                 options: RuntimeOptions = RuntimeOptions(), target: str | None = "auto"):
         path = Path(model)
         self.options = options
         self.manifest: Manifest | None = None
@@ -114,6 +117,8 @@ class ViTSession:
             raise FileNotFoundError(f"no bundle directory or .onnx file at {str(path)!r}")
         self.precision = precision
         self.requested = parse_providers(provider)
+        if self.manifest is not None:  # TensorRT without options: profiles and caches from the bundle
+            self.requested = tensorrt_defaults(self.requested, path, self.manifest, precision)
         self.batch_coupled = inspect_model(
             self.model_path, set(self.manifest.files) if self.manifest else None)
         self._session, self.fallback_reason, self.cache_hit = _create_session(
@@ -132,6 +137,13 @@ class ViTSession:
         self.split_batches = (self.batch_coupled if options.split_batches is None
                               else options.split_batches)
         self._placement: dict[str, list[str]] | None = None
+        # Edge-target bucket graphs (`vit-deploy target`): inputs at a bucket's size run on
+        # its static graph, others on the dynamic one; target "auto" picks the provider's.
+        spec = resolve_target(self.manifest, target, self.providers[0], precision)
+        self.buckets: BucketRunner | None = None if spec is None else BucketRunner(
+            path, spec, precision, split=self.split_batches, create=lambda p: _create_session(
+                p, tensorrt_defaults(self.requested, path, self.manifest, precision, graph=p),
+                options, fallback)[0])
 
     # -- running ---------------------------------------------------------------------
     def run(self, pixel_values: np.ndarray) -> np.ndarray:
@@ -139,17 +151,47 @@ class ViTSession:
         outs = self.run_all(pixel_values)
         return outs[LOGITS_NAME] if LOGITS_NAME in outs else outs[self.output_names[0]]
 
-    def features(self, pixel_values: np.ndarray) -> np.ndarray:
-        """Pooled features (B, width); the bundle must have been exported with --features."""
-        if FEATURES_NAME not in self.output_names:
-            raise BundleError(f"{str(self.model_path)!r} has no {FEATURES_NAME!r} output (outputs: "
-                              f"{self.output_names}); export with --features")
-        return self.run_all(pixel_values)[FEATURES_NAME]
+    def pooled(self, pixel_values: np.ndarray) -> np.ndarray:
+        """Pooled features (B, width): the `pooled` output (export with --features, or a
+        backbone's default)."""
+        return self.run_all(pixel_values)[self._require_output(FEATURES_NAME, "--features")]
+
+    def features(self, images: ImageInput | Sequence[ImageInput], *,
+                 output: str = PATCH_TOKENS_NAME, preprocess: Preprocess | None = None
+                 ) -> np.ndarray:
+        """Dense features of images of any size: `output` (patch_tokens, or layer_N) on the
+        patch grid, numpy (B, width, grid_h, grid_w).
+
+        Images are resized so the shorter side matches the deploy resolution and both sides
+        are patch multiples (the aspect ratio is kept, nothing is cropped), unless
+        `preprocess` says otherwise. Images must come out at one size to share a batch.
+        """
+        self._require_output(output, f"--outputs {output}" if output == PATCH_TOKENS_NAME
+                             else "--layers")
+        images = _as_list(images)
+        if not images:
+            raise InputError("no images given")
+        pre = preprocess or self.preprocess(resize="patch_multiple")
+        groups = pre.batches(images)
+        if len(groups) > 1:
+            sizes = [f"{b.shape[2]}x{b.shape[3]}" for _, b in groups]
+            raise InputError(f"these images preprocess to {len(groups)} sizes ({', '.join(sizes)}), "
+                             f"so their grids differ; call features() once per size, or pass "
+                             f"a preprocess with the resize rule shorter_side_center_crop")
+        return self.run_all(groups[0][1])[output]
+
+    def _require_output(self, name: str, how: str) -> str:
+        if name not in self.output_names:
+            raise BundleError(f"{str(self.model_path)!r} has no {name!r} output (outputs: "
+                              f"{self.output_names}); export with {how}")
+        return name
 
     def run_all(self, pixel_values: np.ndarray) -> dict[str, np.ndarray]:
         """All outputs by name."""
         x = self.validate_input(pixel_values)
         session = self._live()
+        if self.buckets is not None and self.buckets.covers(x.shape[2:]):
+            return self.buckets.run(x, self.input_name)
         if self.split_batches and len(x) > 1:
             parts = [self._run_checked(session, x[i:i + 1]) for i in range(len(x))]
             return {name: np.concatenate([p[name] for p in parts]) for name in self.output_names}
@@ -175,15 +217,16 @@ class ViTSession:
     def predict(self, images: ImageInput | Sequence[ImageInput], *, top_k: int = 5,
                 preprocess: Preprocess | None = None) -> list[Prediction]:
         """Classify images (paths, bytes, PIL images, HWC uint8 arrays) with the manifest's
-        preprocessing; same-size images run as one batch."""
+        preprocessing; same-size images run as one batch. With bucket graphs (and no
+        `preprocess` given) each image goes to its bucket (runtime/buckets.py)."""
         if top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
-        if isinstance(images, (str, os.PathLike, bytes, bytearray, np.ndarray)) or hasattr(images, "getpixel"):
-            images = [images]  # type: ignore[list-item]
-        images = list(images)  # type: ignore[arg-type]
+        images = _as_list(images)
         pre = preprocess or self.preprocess()
         results: list[Prediction | None] = [None] * len(images)
-        for indices, batch in pre.batches(images):
+        groups = (self.buckets.batches(images, pre) if self.buckets is not None and preprocess
+                  is None else pre.batches(images))
+        for indices, batch in groups:
             for row, i in zip(self.classify(batch, top_k), indices):
                 results[i] = Prediction(_describe(images[i]), tuple(batch.shape[2:]), row)
         return results  # type: ignore[return-value]
@@ -227,6 +270,8 @@ class ViTSession:
         if self.patch_size:
             try:
                 require_patch_multiple(H, W, self.patch_size)
+                if self.config is not None:
+                    require_merge_room(H, W, self.config)
             except ValueError as e:
                 raise InputError(str(e)) from None
         if self.config and not self.options.allow_large:
@@ -289,6 +334,14 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     z = logits.astype(np.float64)
     z = np.exp(z - z.max(axis=-1, keepdims=True))
     return z / z.sum(axis=-1, keepdims=True)
+
+
+def _as_list(images: ImageInput | Sequence[ImageInput]) -> list[ImageInput]:
+    """One image (path, bytes, PIL image, array) or a sequence of them -> a list."""
+    if isinstance(images, (str, os.PathLike, bytes, bytearray, np.ndarray)) \
+            or hasattr(images, "getpixel"):
+        return [images]  # type: ignore[list-item]
+    return list(images)  # type: ignore[arg-type]
 
 
 def _describe(image: Any) -> str:
