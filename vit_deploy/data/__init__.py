@@ -17,6 +17,11 @@ DIGITS_FILE = "digits.npz"
 DIGITS_MODEL_FILE = "digits_vit.safetensors"
 DIGITS_RECORD_FILE = "digits_vit.json"  # what the training script measured
 DIGITS_SIZE = 32  # the 8×8 digits are shown to the model as 32×32 RGB images
+# The sweep's model (issue: enough tokens for merging to matter): the digits at 64×64,
+# patch 8 (64 patches), trained fixed and flexible (a random patch size per batch).
+DIGITS64_SIZE = 64
+DIGITS64_MODEL_FILE = "digits64_vit.safetensors"
+DIGITS64_FLEXI_MODEL_FILE = "digits64_flexi_vit.safetensors"
 DIGITS_MEAN = (0.5, 0.5, 0.5)
 DIGITS_STD = (0.5, 0.5, 0.5)
 
@@ -25,30 +30,30 @@ def data_path(name: str) -> Path:
     return Path(str(resources.files(__package__) / name))
 
 
-def load_digits_split() -> dict[str, np.ndarray]:
+def load_digits_split(size: int = DIGITS_SIZE) -> dict[str, np.ndarray]:
     """{'train_images', 'train_labels', 'test_images', 'test_labels'}: images are
-    (N, 32, 32, 3) uint8 RGB, labels (N,) int64."""
+    (N, size, size, 3) uint8 RGB, labels (N,) int64."""
     with np.load(data_path(DIGITS_FILE)) as f:
         images, labels, is_test = f["images"], f["labels"].astype(np.int64), f["is_test"]
-    rgb = digits_to_rgb(images)
+    rgb = digits_to_rgb(images, size)
     return {"train_images": rgb[~is_test], "train_labels": labels[~is_test],
             "test_images": rgb[is_test], "test_labels": labels[is_test]}
 
 
-def digits_to_rgb(images: np.ndarray) -> np.ndarray:
-    """(N, 8, 8) values 0..16 -> (N, 32, 32, 3) uint8, bilinear upscaling (Pillow)."""
+def digits_to_rgb(images: np.ndarray, size: int = DIGITS_SIZE) -> np.ndarray:
+    """(N, 8, 8) values 0..16 -> (N, size, size, 3) uint8, bilinear upscaling (Pillow)."""
     from PIL import Image
 
-    out = np.empty((len(images), DIGITS_SIZE, DIGITS_SIZE, 3), np.uint8)
+    out = np.empty((len(images), size, size, 3), np.uint8)
     for i, im in enumerate(images):
         gray = Image.fromarray(np.clip(im * 16, 0, 255).astype(np.uint8))
-        big = gray.resize((DIGITS_SIZE, DIGITS_SIZE), Image.Resampling.BILINEAR)
+        big = gray.resize((size, size), Image.Resampling.BILINEAR)
         out[i] = np.asarray(big.convert("RGB"))
     return out
 
 
 def normalise(images: np.ndarray) -> np.ndarray:
-    """(N, 32, 32, 3) uint8 -> (N, 3, 32, 32) float32 model input."""
+    """(N, S, S, 3) uint8 -> (N, 3, S, S) float32 model input."""
     x = images.astype(np.float32) / 255.0
     x = (x - np.asarray(DIGITS_MEAN, np.float32)) / np.asarray(DIGITS_STD, np.float32)
     return np.ascontiguousarray(x.transpose(0, 3, 1, 2))

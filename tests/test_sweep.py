@@ -1,0 +1,64 @@
+"""`vit-deploy sweep`: patch size × token merging × precision, scored and timed."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from vit_deploy.cli import main
+from vit_deploy.data import DIGITS_MODEL_FILE, DIGITS_RECORD_FILE, data_path
+from vit_deploy.sweep import SweepPoint, SweepReport, parse_list
+
+
+def test_sweep_of_the_trained_model(tmp_path):
+    out, plot = tmp_path / "sweep.json", tmp_path / "sweep.png"
+    r = CliRunner().invoke(main, [
+        "sweep", str(data_path(DIGITS_MODEL_FILE)), "--patch", "8,16", "--merge-tokens", "0,2",
+        "--eval-set", "digits", "--rounds", "1", "--runs", "3", "--budget-ms", "1000",
+        "--json", str(out), "--plot", str(plot), "--quiet"])
+    assert r.exit_code == 0, r.output
+    report = json.loads(out.read_text())
+    points = {p["label"]: p for p in report["points"]}
+    assert set(points) == {"P8 r0 fp32", "P8 r2 fp32", "P16 r0 fp32"}
+    # 32x32 at patch 16 is 4 patches: merging 2 per block cannot run, and says so
+    assert len(report["skipped"]) == 1 and "needs at least 10" in report["skipped"][0]
+    base = points["P8 r0 fp32"]
+    recorded = json.loads(data_path(DIGITS_RECORD_FILE).read_text())["held_out_accuracy"]
+    assert base["score"] == pytest.approx(recorded * 100, abs=0.3)  # the training script's
+    assert base["cosine"] > 0.99999 and base["tokens"] == 16 and base["tokens_last"] == 16
+    merged = points["P8 r2 fp32"]
+    assert merged["tokens_last"] == 16 - 2 * 3 and merged["cosine"] < 0.9999
+    assert points["P16 r0 fp32"]["tokens"] == 4
+    assert all(p["provider"] == "cpu" and p["p90_ms"] >= p["p50_ms"] > 0 for p in points.values())
+    assert report["best_under_budget"] in points and report["pareto"]
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def _point(label, score, p90):
+    patch, merge, precision = label.split()
+    return SweepPoint(patch=int(patch[1:]), merge=[int(merge[1:])] * 2, precision=precision,
+                      tokens=16, tokens_last=16, score=score, cosine=1.0, passed=True,
+                      p50_ms=p90 / 2, p90_ms=p90)
+
+
+def test_pareto_front_and_budget():
+    pts = [_point("P8 r0 fp32", 95.0, 10.0), _point("P8 r2 fp32", 94.0, 6.0),
+           _point("P16 r0 fp32", 80.0, 7.0),  # slower and worse than P8 r2: dominated
+           _point("P16 r2 int8", 70.0, 2.0)]
+    report = SweepReport(checkpoint="x", resolution=(32, 32), metric="accuracy", points=pts,
+                         options={})
+    assert [p.label for p in report.pareto()] == ["P16 r2 int8", "P8 r2 fp32", "P8 r0 fp32"]
+    assert report.best_under(6.5).label == "P8 r2 fp32"
+    assert report.best_under(1.0) is None
+
+
+def test_bad_sweep_requests_are_refused(tmp_path):
+    ckpt = str(data_path(DIGITS_MODEL_FILE))
+    for args, message in [(["--merge-tokens", "2,x"], "comma-separated"),
+                          (["--merge-tokens", "1,2;3"], "one number of tokens merged per block"),
+                          (["--patch", "8,big"], "list of ints"),
+                          (["--res", "32x48", "--eval-set", "digits"], "square")]:
+        r = CliRunner().invoke(main, ["sweep", ckpt, *args, "--quiet"])
+        assert r.exit_code == 2 and message in r.output, (args, r.output)
+    assert parse_list("0;4,4,2,2") == ("0", "4,4,2,2")
+    assert parse_list("8,16", int) == (8, 16)
