@@ -27,6 +27,7 @@ from vit_deploy.quantize import QuantOptions, quantisable_layers, quantize_model
 from vit_deploy.runtime.manifest import FileEntry, Manifest, load_manifest
 from vit_deploy.runtime.providers import captured_stderr
 from vit_deploy.runtime.session import ViTSession
+from vit_deploy.sizes import merge_fits
 
 EXPECTED_KERNEL = {"int8": "DynamicQuantizeMatMul", "int4": "MatMulNBits"}
 EVAL_SETS = ("digits",)  # labelled held-out sets shipped with the package
@@ -130,7 +131,7 @@ class Evaluator:
         else:  # the native size and one other: the deploy size, else 1.5 × native
             other = deploy if deploy != native else (P * round(native[0] * 1.5 / P),
                                                      P * round(native[1] * 1.5 / P))
-            self.resolutions = [native, other]
+            self.resolutions = [hw for hw in (native, other) if merge_fits(*hw, cfg)] or [deploy]
         self.inputs = [sample_inputs(hw, 2, channels=cfg.in_chans, seed=11)
                        for hw in self.resolutions]
         self.digits = None
@@ -356,3 +357,4 @@ def calibration_batches(manifest: Manifest, source: str | Path, *, limit: int = 
                              f"{str(folder)!r}")
     x = np.stack([pre(image) for image in images])
     return [x[i:i + batch] for i in range(0, len(x), batch)]
+

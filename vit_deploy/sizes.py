@@ -55,11 +55,16 @@ def require_patch_multiple(height: int, width: int, patch: int) -> None:
                 f"nearest valid sizes: {near}")
 
 
+def merge_fits(height: int, width: int, cfg: ViTConfig) -> bool:
+    """Whether token merging (if the model merges) has the patches it needs at this size."""
+    return (height // cfg.patch_size) * (width // cfg.patch_size) >= cfg.min_patches
+
+
 def require_merge_room(height: int, width: int, cfg: ViTConfig) -> None:
     """Token merging needs enough patches to merge (ViTConfig.min_patches); ValueError
     naming the smallest size otherwise."""
-    patches = (height // cfg.patch_size) * (width // cfg.patch_size)
-    if patches < cfg.min_patches:
+    if not merge_fits(height, width, cfg):
+        patches = (height // cfg.patch_size) * (width // cfg.patch_size)
         raise ValueError(f"{height}x{width} gives {patches} patches, but merging "
                          f"{list(cfg.merge)} tokens per block needs at least "
                          f"{cfg.min_patches} (a square grid of {math.isqrt(cfg.min_patches - 1) + 1}"

@@ -58,8 +58,9 @@ class SweepPoint:
     precision: str
     tokens: int  # patch tokens entering the first block at the sweep's resolution
     tokens_last: int  # ... and entering the last block's MLP
-    score: float  # accuracy (%) with an eval set, else min cosine to the base
-    cosine: float  # min cosine to the base model's outputs
+    score: float  # accuracy (%) with an eval set, else mean cosine to the base
+    cosine: float  # mean over the images of the cosine to the base model's outputs
+    cosine_min: float  # ... and its minimum
     passed: bool  # the export's parity (and the precision's policy)
     provider: str = ""  # what ran the timing
     p50_ms: float = 0.0
@@ -113,14 +114,15 @@ class SweepReport:
 
         front = {id(p) for p in self.pareto()}
         unit = "%" if self.metric == "accuracy" else ""
-        table = Table("config", "tokens (first → last block)", self.metric, "cosine to base",
+        table = Table("config", "tokens (first → last block)", self.metric,
+                      "cosine to base (mean / min)",
                       "ran on", "p50 ms", "p90 ms", "parity", "Pareto",
                       title=f"sweep {self.checkpoint} at {format_resolution(self.resolution)}",
                       title_justify="left")
         for p in self.points:
             table.add_row(p.label, f"{p.tokens} → {p.tokens_last}",
                           f"{p.score:.2f}{unit}" if unit else f"{p.score:.5f}",
-                          f"{p.cosine:.5f}", p.provider, f"{p.p50_ms:.2f}", f"{p.p90_ms:.2f}",
+                          f"{p.cosine:.5f} / {p.cosine_min:.5f}", p.provider, f"{p.p50_ms:.2f}", f"{p.p90_ms:.2f}",
                           "ok" if p.passed else "[red]FAIL[/]", "*" if id(p) in front else "")
         lines: list[Any] = [table]
         budget = self.options.get("budget_ms")
@@ -206,13 +208,13 @@ def run_sweep(checkpoint: str | Path, options: SweepOptions = SweepOptions(), *,
                     passed = bool(result.report) and (
                         report is None or precision not in report.failed)
                     out = _forward_bundle(bundle, precision, inputs.x)
-                    cos = _min_cosine(reference, out)
+                    cos, cos_min = _cosines(reference, out)
                     score = (float((out.argmax(1) == inputs.labels).mean() * 100)
                              if inputs.labels is not None else cos)
                     points.append((SweepPoint(
                         patch=patch, merge=list(merge), precision=precision, tokens=grid,
                         tokens_last=grid - sum(merge[:-1]) if merge else grid, score=score,
-                        cosine=cos, passed=passed), bundle))
+                        cosine=cos, cosine_min=cos_min, passed=passed), bundle))
         _time(points, resolution, options, progress)
     return SweepReport(checkpoint=str(checkpoint), resolution=tuple(resolution),
                        metric="accuracy" if inputs.labels is not None else "cosine",
@@ -255,10 +257,11 @@ def _forward_bundle(bundle: Path, precision: str, x: np.ndarray) -> np.ndarray:
         return np.concatenate([s.run(x[i:i + 64]) for i in range(0, len(x), 64)])
 
 
-def _min_cosine(a: np.ndarray, b: np.ndarray) -> float:
+def _cosines(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """Mean and minimum over the images of the cosine between their outputs."""
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     cos = (a64 * b64).sum(1) / (np.linalg.norm(a64, axis=1) * np.linalg.norm(b64, axis=1))
-    return float(cos.min())
+    return float(cos.mean()), float(cos.min())
 
 
 def _time(points: list[tuple[SweepPoint, Path]], resolution: tuple[int, int],
