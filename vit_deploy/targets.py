@@ -205,7 +205,8 @@ def _add_target(bundle: Path, options: TargetOptions, log: Progress) -> TargetRe
             fp32 = stage / f"{stem}.fp32.onnx"
             log(f"{format_resolution(hw)}: static export (batch {options.batch})")
             export_static(model, fp32, batch=options.batch, resolution=hw, outputs=outputs,
-                          layer_norm=manifest.io.layer_norm)
+                          layer_norm=manifest.io.layer_norm,
+                          mobile_ops=options.target in MOBILE_CHECK)
             for precision in precisions:
                 name = f"{stem}.{precision}.onnx"
                 if precision != "fp32":

@@ -17,10 +17,12 @@ bit for bit or within float noise; every file is still checked against PyTorch.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import onnx
 import torch
+from torch import nn
 
 from vit_deploy.atomic import write_bytes_atomic
 from vit_deploy.contract import INPUT_NAME, LOGITS_NAME, OPSET
@@ -72,6 +74,51 @@ class StaticViT(ViT):
         return super().forward_head(tokens, pre_logits=pre_logits, size=size)  # mean: no Gather
 
 
+class DecomposedLayerNorm(nn.Module):
+    """LayerNorm in elementary ops (ReduceMean, Sub, Mul, Sqrt, Div): ORT's NNAPI EP has no
+    LayerNormalization (ViT-Ti/16: 2 per block split NNAPI into 38 partitions)."""
+
+    def __init__(self, norm: nn.LayerNorm):
+        super().__init__()
+        self.weight, self.bias, self.eps = norm.weight, norm.bias, norm.eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        centred = x - x.mean(dim=-1, keepdim=True)
+        var = (centred * centred).mean(dim=-1, keepdim=True)
+        return centred / torch.sqrt(var + self.eps) * self.weight + self.bias
+
+
+class PolynomialGELU(nn.Module):
+    """Exact GELU, x·(1 + erf(x/√2))/2, with erf by Abramowitz & Stegun 7.1.26 (|error| ≤
+    1.5e-7) in ops NNAPI and CoreML MLProgram both take: no Erf (NNAPI), no Abs / Neg /
+    Less / Where (CoreML MLProgram), no Reciprocal (NNAPI). |z| is √(z·z) and the sign
+    comes back as z / (|z| + 1e-30)."""
+
+    P = 0.3275911
+    A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = x * (1 / math.sqrt(2))
+        a = torch.sqrt(z * z)  # |z|
+        t = torch.ones((), dtype=x.dtype) / (a * self.P + 1)  # Div, not Reciprocal
+        poly = torch.zeros_like(t)
+        for coeff in reversed(self.A):
+            poly = (poly + coeff) * t
+        erf_abs = 1 - poly * torch.exp(a * a * -1.0)  # erf(|z|)
+        return 0.5 * x * (1 + z * erf_abs / (a + 1e-30))
+
+
+def with_mobile_ops(model: nn.Module) -> nn.Module:
+    """`model` (changed in place) with every LayerNorm and GELU written in the ops above."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.LayerNorm):
+                setattr(module, name, DecomposedLayerNorm(child))
+            elif isinstance(child, nn.GELU):
+                setattr(module, name, PolynomialGELU())
+    return model
+
+
 def static_model(model: ViT, height: int, width: int) -> StaticViT:
     """A copy of `model` for one input size: positions and prefix tokens folded into one
     constant table (1, T, D), in the order ViT.forward_features adds them."""
@@ -97,11 +144,13 @@ def static_model(model: ViT, height: int, width: int) -> StaticViT:
 
 def export_static(model: ViT, dst: str | Path, *, batch: int, resolution: tuple[int, int],
                   outputs: tuple[str, ...] = (LOGITS_NAME,), layer_norm: bool = True,
-                  opset: int = OPSET) -> Path:
+                  mobile_ops: bool = False, opset: int = OPSET) -> Path:
     """Trace `model` at exactly (batch, C, H, W) into `dst` (atomically); `outputs` are the
     bundle's output names, in its order."""
     cfg = model.cfg
     vit = static_model(model.eval(), *resolution)
+    if mobile_ops:  # NNAPI / CoreML take every node (README: Edge targets)
+        vit = with_mobile_ops(vit)
     module = reference_model(vit, OutputSelection(names=tuple(outputs), layer_norm=layer_norm))
     example = torch.randn(batch, cfg.in_chans, *resolution)
     try:
