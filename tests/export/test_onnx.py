@@ -31,7 +31,10 @@ def test_dynamic_dims_are_named_and_config_is_in_metadata(tiny_bundle):
     assert ViTConfig.from_dict(stored) == model.cfg
     onnx.checker.check_model(proto)
     onnx.shape_inference.infer_shapes(proto, strict_mode=True)
-    assert "Resize" in {n.op_type for n in proto.graph.node}
+    ops = {n.op_type for n in proto.graph.node}
+    # the position table is resampled in the graph: two small products with F.interpolate's
+    # weights built from the grid (ORT's CPU Resize was slow), no Resize without antialias
+    assert "Einsum" in ops and "Range" in ops and "Resize" not in ops
 
 
 # Grids the export never saw: square, non-square, 1x1, odd, larger than native.

@@ -42,13 +42,16 @@ def resample_pos_embed(table: torch.Tensor, grid_hw: tuple, *, mode: str = "bicu
 def interp_matrix(n_out: int, n_in: int, mode: str, dtype: torch.dtype) -> torch.Tensor:
     """(n_out, n_in): F.interpolate's 1-D weights (align_corners=False; bicubic with
     A = -0.75, or bilinear), as a matrix built from tensor ops so `n_out` may be symbolic."""
-    i = torch.arange(n_out, dtype=dtype)  # (n_out,)
+    # Integer Range / Clip, float arithmetic: ONNX Runtime's fp16 converter blocks float
+    # Range (and shared float constants between blocked ops broke its graph).
+    i = torch.arange(n_out).to(dtype)  # (n_out,)
     size = i[-1:] + 1  # n_out as a (1,) tensor: no symbolic float arithmetic in the graph
     src = (i + 0.5) * (n_in / size) - 0.5  # source coordinate of each output cell
     if mode == "bilinear":
-        src = src.clamp(min=0)
+        src = F.relu(src)
     lo = src.floor()
     t = src - lo
+    lo = lo.to(torch.int64)
     if mode == "bilinear":
         taps = [(lo, 1 - t), (lo + 1, t)]
     else:
@@ -61,8 +64,8 @@ def interp_matrix(n_out: int, n_in: int, mode: str, dtype: torch.dtype) -> torch
             return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A
 
         taps = [(lo - 1, far(t + 1)), (lo, near(t)), (lo + 1, near(1 - t)), (lo + 2, far(2 - t))]
-    j = torch.arange(n_in, dtype=dtype)[None]  # (1, n_in)
-    matrix = torch.zeros_like(src)[:, None] * j  # (n_out, n_in) zeros
+    j = torch.arange(n_in)[None]  # (1, n_in)
+    matrix = torch.zeros_like(src)[:, None] * j.to(dtype)  # (n_out, n_in) zeros
     for index, weight in taps:  # taps beyond the edge fall on the edge (clamped)
         matrix = matrix + weight[:, None] * (index.clamp(0, n_in - 1)[:, None] == j).to(dtype)
     return matrix
@@ -226,7 +229,7 @@ def bipartite_soft_matching(metric: torch.Tensor, r: int, prefix: int
     # not depend on the A / B split, so the exporter's symbolic sizes stay linear block
     # after block (N - r1 - r2 ...), not nested ceil / floor halves.
     N = m.shape[1]
-    position = torch.arange(N, device=m.device, dtype=m.dtype)[None]  # (1, N)
+    position = torch.arange(N, device=m.device).to(m.dtype)[None]  # (1, N)
     merged = torch.zeros_like(m[..., 0]).scatter(1, src, 1.0)  # (B, N)
     keep = (-(position + merged * N)).topk(N - r, dim=-1).indices  # (B, N - r) ascending
     return src, dst, keep
