@@ -35,6 +35,11 @@ PRE_CASES = [
     {"resolution": [48, 64], "resize": "shorter_side_center_crop", "interpolation": "nearest"},
     {"resolution": [96, 96], "resize": "patch_multiple", "interpolation": "lanczos"},
 ]
+# The dense bundle: a classifier whose logits are not its first output, with grid outputs;
+# features() of these images (their grids differ from the centre crop's) against Python's.
+DENSE_OUTPUTS = ("pooled", "logits", "patch_tokens")
+DENSE_LAYERS = (1,)
+DENSE_IMAGES = ("hopper-wide.png", "hopper-small.png")
 
 
 # -- fixtures: bundles and Python's reference numbers ---------------------------------------
@@ -57,6 +62,26 @@ def _external_data_bundle(src: Path, dst: Path) -> None:
     (dst / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))
 
 
+def _without_output(src: Path, dst: Path, name: str) -> None:
+    """A copy of bundle `src` whose fp32 model lacks output `name` (a backbone, for `logits`)."""
+    import onnx
+
+    from vit_deploy.contract import MANIFEST_NAME, MODEL_FILE
+    from vit_deploy.runtime.manifest import FileEntry
+
+    shutil.copytree(src, dst)
+    model = onnx.load(str(src / MODEL_FILE))
+    kept = [o for o in model.graph.output if o.name != name]
+    del model.graph.output[:]
+    model.graph.output.extend(kept)
+    onnx.save_model(model, str(dst / MODEL_FILE))
+    manifest = json.loads((src / MANIFEST_NAME).read_text())
+    manifest["io"]["outputs"] = [o for o in manifest["io"]["outputs"] if o["name"] != name]
+    manifest["models"] = {"fp32": MODEL_FILE}
+    manifest["files"][MODEL_FILE] = asdict(FileEntry.of(dst / MODEL_FILE, "model:fp32"))
+    (dst / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))
+
+
 def _write_f32(path: Path, x: np.ndarray) -> str:
     np.ascontiguousarray(x, dtype=np.float32).tofile(path)
     return path.name
@@ -64,7 +89,8 @@ def _write_f32(path: Path, x: np.ndarray) -> str:
 
 def make_fixtures(out: Path) -> dict:
     """Write a tiny bundle (fp32 + int8, labelled), its external-data twin, and Python's
-    preprocessing tensors, logits and top-5 for every shipped image, into `out`."""
+    preprocessing tensors, logits and top-5 for every shipped image; a dense bundle (and
+    its twin without logits) with Python's features() and predictions, into `out`."""
     from vit_deploy.config import variant
     from vit_deploy.export.bundle import ExportOptions, export_bundle
     from vit_deploy.export.model import build_model
@@ -108,8 +134,42 @@ def make_fixtures(out: Path) -> dict:
                     "file": _write_f32(out / f"logits-{name}-{precision}.f32", session.run(x)),
                     "top": [{"index": c.index, "label": c.label, "probability": c.probability}
                             for c in top]})
+    index["dense"] = _dense_fixtures(out)
     (out / "index.json").write_text(json.dumps(index, indent=2))
     return index
+
+
+def _dense_fixtures(out: Path) -> dict:
+    from vit_deploy.config import variant
+    from vit_deploy.export.bundle import ExportOptions, export_bundle
+    from vit_deploy.export.model import build_model
+    from vit_deploy.runtime import ViTSession
+    from vit_deploy.runtime.preprocess import load_image
+
+    dense = out / "bundle-dense"
+    export_bundle(build_model(variant("tiny"), seed=1), dense, options=ExportOptions(
+        resolution=(32, 32), simplify=False, outputs=DENSE_OUTPUTS, layers=DENSE_LAYERS,
+        labels=LABELS))
+    _without_output(dense, out / "bundle-backbone", "logits")
+    record: dict = {"outputs": [*DENSE_OUTPUTS, *(f"layer_{b}" for b in DENSE_LAYERS)],
+                    "features": [], "logits": []}
+    with ViTSession(dense) as session:
+        assert session.output_names == record["outputs"], session.output_names
+        for name in DENSE_IMAGES:
+            for output in ("patch_tokens", *(f"layer_{b}" for b in DENSE_LAYERS)):
+                y = session.features(IMAGES / name, output=output)
+                record["features"].append({
+                    "image": name, "output": output, "dims": list(y.shape),
+                    "file": _write_f32(out / f"features-{name}-{output}.f32", y)})
+            x = session.preprocess().array(load_image(IMAGES / name))[None]
+            top = session.predict([IMAGES / name], top_k=5)[0].top
+            record["logits"].append({
+                "image": name, "dims": list(x.shape),
+                "pixels": _write_f32(out / f"dense-x-{name}.f32", x),
+                "file": _write_f32(out / f"dense-logits-{name}.f32", session.run(x)),
+                "top": [{"index": c.index, "label": c.label, "probability": c.probability}
+                        for c in top]})
+    return record
 
 
 @pytest.fixture(scope="module")

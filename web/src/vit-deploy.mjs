@@ -9,6 +9,7 @@
 //   const vit = await ViT.load('bundle/', { precision: 'fp32', threads: 2 });
 //   const { top } = await vit.classify(fileOrBlobOrUrl);   // [{ index, label, probability }]
 //   const logits = await vit.run(pixels, [1, 3, 224, 224]); // raw logits, Float32Array
+//   const { data, dims } = await vit.features(image);       // [1, D, gh, gw] patch tokens
 //   vit.info  // { backend, provider, threads, threadsRequested, fallback, ... }
 
 export const BUNDLE_FORMAT = 'vit-deploy-bundle';
@@ -18,6 +19,12 @@ export const INTERPOLATIONS = ['bicubic', 'bilinear', 'nearest', 'lanczos'];
 export const MAX_PIXELS = 89_478_485; // Pillow's decompression-bomb bound, as in Python
 export const MAX_SIDE = 16384; // the longest side a resize rule may give the model input
 export const WEB_RECORD = 'web.json'; // what `vit-deploy web` adds beside the manifest
+export const LOGITS = 'logits';
+export const PATCH_TOKENS = 'patch_tokens';
+
+/** Outputs laid out on the patch grid, [batch, width, gh, gw]: patch_tokens and layer_N
+ * (vit_deploy/outputs.py's is_grid_output). */
+export const isGridOutput = (name) => name === PATCH_TOKENS || /^layer_[0-9]+$/.test(name);
 
 const IS_NODE = typeof process !== 'undefined' && !!process.versions?.node &&
   typeof window === 'undefined';
@@ -82,7 +89,9 @@ export function readManifest(m, where = 'manifest') {
   const models = m.models ?? {};
   need(typeof models === 'object' && typeof models.fp32 === 'string', where, 'models',
     'an object with an fp32 model', models);
-  const classes = io.outputs[0].shape?.at(-1);
+  // one label per class: the logits' last dimension (the classes of the config without it)
+  const logits = io.outputs.find((o) => o.name === LOGITS);
+  const classes = logits ? logits.shape?.at(-1) : (m.config?.num_classes || null);
   need(m.labels == null || (Array.isArray(m.labels) && m.labels.length === classes &&
     m.labels.every((x) => typeof x === 'string')), where, 'labels',
   `null or ${classes} strings (one per output of the model)`, m.labels);
@@ -719,8 +728,25 @@ export class ViT {
 
   get labels() { return this.manifest.labels; }
 
-  /** Raw logits for normalised pixels: `data` Float32Array of `dims` [B, 3, H, W]. */
+  /** The model's output names, in order (the ONNX session's; the manifest's io.outputs). */
+  get outputNames() { return [...(this.session?.outputNames ?? this.manifest.outputs)]; }
+
+  /**
+   * Raw logits for normalised pixels: `data` Float32Array of `dims` [B, 3, H, W]. As
+   * Python's ViTSession.run: the `logits` output by name, or the first output of a bundle
+   * without one (a backbone's `pooled`); `runAll` gives every output.
+   */
   async run(data, dims) {
+    const names = this.outputNames;
+    const name = names.includes(LOGITS) ? LOGITS : names[0];
+    return (await this.runAll(data, dims, [name]))[name].data;
+  }
+
+  /**
+   * Outputs for normalised pixels (as `run`): { name: { data: Float32Array, dims } }, every
+   * output or those named in `only`.
+   */
+  async runAll(data, dims, only = null) {
     if (!(data instanceof Float32Array)) throw new Error(`run() takes a Float32Array, got ${data?.constructor?.name}`);
     if (!Array.isArray(dims) || dims.length !== 4 || dims[1] !== 3 || !dims.every((d) => isInt(d, 1)) ||
       dims.reduce((a, b) => a * b, 1) !== data.length) {
@@ -732,13 +758,25 @@ export class ViT {
     if (!this.manifest.dynamic && (h !== this.manifest.preprocess.resolution[0] || w !== this.manifest.preprocess.resolution[1])) {
       throw new Error(`this bundle is static at ${this.manifest.preprocess.resolution.join('x')}, cannot run ${h}x${w}`);
     }
+    const names = only ?? this.outputNames;
+    for (const name of names) this.#requireOutput(name);
     const input = new this.ort.Tensor('float32', data, dims);
-    const outputs = await this.session.run({ [this.manifest.input]: input });
-    const name = this.manifest.outputs.includes('logits') ? 'logits' : this.manifest.outputs[0];
-    const out = outputs[name];
-    const logits = out.data instanceof Float32Array ? out.data : Float32Array.from(out.data);
+    const outputs = await this.session.run({ [this.manifest.input]: input }, names);
+    const result = {};
+    for (const name of names) {
+      const out = outputs[name];
+      result[name] = { data: out.data instanceof Float32Array ? out.data : Float32Array.from(out.data),
+        dims: Array.from(out.dims, Number) };
+    }
     for (const t of Object.values(outputs)) t.dispose?.();
-    return logits;
+    return result;
+  }
+
+  #requireOutput(name, how = null) {
+    const names = this.outputNames;
+    if (names.includes(name)) return;
+    const hint = how ? `; export with ${how}` : '';
+    throw new BundleError(`${this.url} has no ${show(name)} output (outputs: ${show(names)})${hint}`);
   }
 
   /** The model input for an image: { data, dims } (see Preprocess.tensor). */
@@ -749,18 +787,53 @@ export class ViT {
 
   /**
    * Classify one image: { top: [{ index, label, probability }], logits, inputSize: [H, W],
-   * ms: { decode, preprocess, run }, provider }.
+   * ms: { decode, preprocess, run }, provider }. Needs the bundle's `logits` output.
    */
   async classify(image, { topK: k = 5, ...overrides } = {}) {
+    if (!this.outputNames.includes(LOGITS)) {
+      throw new BundleError(`${this.url} has no ${show(LOGITS)} output to classify with (outputs: ` +
+        `${show(this.outputNames)}): a backbone without a classifier; use features() or runAll()`);
+    }
     const t0 = performance.now();
     const decoded = await decodeImage(image);
     const t1 = performance.now();
     const pre = Object.keys(overrides).length ? Preprocess.fromManifest(this.manifest, overrides) : this.preprocess;
     const { data, dims } = pre.tensor(decoded);
     const t2 = performance.now();
-    const logits = await this.run(data, dims);
+    const logits = (await this.runAll(data, dims, [LOGITS]))[LOGITS].data;
     const t3 = performance.now();
     return { top: topK(logits, k, this.labels), logits, inputSize: [dims[2], dims[3]],
+      ms: { decode: t1 - t0, preprocess: t2 - t1, run: t3 - t2 }, provider: this.info.provider };
+  }
+
+  /**
+   * Dense features of one image, as Python's ViTSession.features: the grid output `output`
+   * (patch_tokens, or layer_N) -> { data: Float32Array, dims: [1, D, gh, gw], output,
+   * inputSize: [H, W], ms: { decode, preprocess, run }, provider }. The image is resized
+   * with the rule patch_multiple whatever the manifest says (the shorter side to the
+   * deploy resolution's shorter side, both sides patch multiples, aspect ratio kept, no
+   * crop); other preprocessing overrides (resolution, interpolation, resize) as classify's.
+   */
+  async features(image, { output = PATCH_TOKENS, ...overrides } = {}) {
+    if (typeof output !== 'string') throw new Error(`output must be an output name, got ${show(output)}`);
+    if (!isGridOutput(output)) {
+      const grid = this.outputNames.filter(isGridOutput);
+      throw new Error(`output ${show(output)} is not laid out on the patch grid; features() takes ` +
+        `one that is (patch_tokens or layer_N): this bundle has ${grid.length ? show(grid) : 'none'} ` +
+        `(outputs: ${show(this.outputNames)})`);
+    }
+    this.#requireOutput(output, output === PATCH_TOKENS ? `--outputs ${PATCH_TOKENS}`
+      : `--layers ${output.slice('layer_'.length)}`);
+    const t0 = performance.now();
+    const decoded = await decodeImage(image);
+    const t1 = performance.now();
+    const pre = Preprocess.fromManifest(this.manifest, { ...overrides,
+      resize: overrides.resize ?? 'patch_multiple' });
+    const { data, dims } = pre.tensor(decoded);
+    const t2 = performance.now();
+    const out = (await this.runAll(data, dims, [output]))[output];
+    const t3 = performance.now();
+    return { data: out.data, dims: out.dims, output, inputSize: [dims[2], dims[3]],
       ms: { decode: t1 - t0, preprocess: t2 - t1, run: t3 - t2 }, provider: this.info.provider };
   }
 
