@@ -23,52 +23,32 @@ def resample_pos_embed(table: torch.Tensor, grid_hw: tuple, *, mode: str = "bicu
 
     Pure function, no shape-dependent branch: it always interpolates, and with
     align_corners=False the cubic/linear weights at scale 1 are exactly (0, 1, 0, 0),
-    so the native grid comes back unchanged. Runs inside the exported graph, so one
-    model accepts any grid: without antialias as two small matrix products with F.interpolate's
-    own weights (interp_matrix), because ONNX Runtime's CPU Resize took 97 ms of a 445 ms
-    ViT-B/16 int8 run at 448 (measured); with antialias (timm) as ONNX Resize.
+    so the native grid comes back unchanged. Runs inside the exported graph, so one model
+    accepts any grid. Without antialias, bicubic / bilinear are separable: two small
+    products with the 1-D weight matrices (interp_matrix), the same numbers as
+    F.interpolate on the table without ONNX Runtime's CPU Resize over all D channels
+    (measured: 97 of 445 ms of a ViT-B/16 int8 run at 448). With antialias (timm, DINOv2
+    with registers) F.interpolate itself (ONNX Resize): the basis trick did not reproduce it.
     """
     if antialias:
         grid = table.permute(0, 3, 1, 2)  # (1, D, gh0, gw0)
         grid = F.interpolate(grid, size=(grid_hw[0], grid_hw[1]), mode=mode,
                              align_corners=False, antialias=True)  # (1, D, gh, gw)
         return grid.permute(0, 2, 3, 1)  # (1, gh, gw, D)
-    rows = interp_matrix(grid_hw[0], table.shape[1], mode, table.dtype)  # (gh, gh0)
-    cols = interp_matrix(grid_hw[1], table.shape[2], mode, table.dtype)  # (gw, gw0)
+    rows = interp_matrix(grid_hw[0], table.shape[1], mode=mode, dtype=table.dtype)  # (gh, gh0)
+    cols = interp_matrix(grid_hw[1], table.shape[2], mode=mode, dtype=table.dtype)  # (gw, gw0)
     out = torch.einsum("ha,nabd->nhbd", rows, table)  # (1, gh, gw0, D)
     return torch.einsum("wb,nhbd->nhwd", cols, out)  # (1, gh, gw, D)
 
 
-def interp_matrix(n_out: int, n_in: int, mode: str, dtype: torch.dtype) -> torch.Tensor:
-    """(n_out, n_in): F.interpolate's 1-D weights (align_corners=False; bicubic with
-    A = -0.75, or bilinear), as a matrix built from tensor ops so `n_out` may be symbolic."""
-    # Integer Range / Clip, float arithmetic: ONNX Runtime's fp16 converter blocks float
-    # Range (and shared float constants between blocked ops broke its graph).
-    i = torch.arange(n_out).to(dtype)  # (n_out,)
-    size = i[-1:] + 1  # n_out as a (1,) tensor: no symbolic float arithmetic in the graph
-    src = (i + 0.5) * (n_in / size) - 0.5  # source coordinate of each output cell
-    if mode == "bilinear":
-        src = F.relu(src)
-    lo = src.floor()
-    t = src - lo
-    lo = lo.to(torch.int64)
-    if mode == "bilinear":
-        taps = [(lo, 1 - t), (lo + 1, t)]
-    else:
-        A = -0.75
-
-        def near(x: torch.Tensor) -> torch.Tensor:  # |x| <= 1
-            return ((A + 2) * x - (A + 3)) * x * x + 1
-
-        def far(x: torch.Tensor) -> torch.Tensor:  # 1 < |x| < 2
-            return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A
-
-        taps = [(lo - 1, far(t + 1)), (lo, near(t)), (lo + 1, near(1 - t)), (lo + 2, far(2 - t))]
-    j = torch.arange(n_in)[None]  # (1, n_in)
-    matrix = torch.zeros_like(src)[:, None] * j.to(dtype)  # (n_out, n_in) zeros
-    for index, weight in taps:  # taps beyond the edge fall on the edge (clamped)
-        matrix = matrix + weight[:, None] * (index.clamp(0, n_in - 1)[:, None] == j).to(dtype)
-    return matrix
+def interp_matrix(n_out: int, n_in: int, *, mode: str, dtype: torch.dtype) -> torch.Tensor:
+    """(n_out, n_in): F.interpolate's 1-D weights (align_corners=False, no antialias), read
+    off by resizing the n_in basis vectors (a Resize over n_in channels of length n_in:
+    cheap at any n_out)."""
+    basis = torch.eye(n_in, dtype=dtype)[None, :, :, None]  # (1, n_in, n_in, 1)
+    resized = F.interpolate(basis, size=(n_out, 1), mode=mode,
+                            align_corners=False)  # (1, n_in, n_out, 1)
+    return resized[0, :, :, 0].transpose(0, 1)  # (n_out, n_in)
 
 
 def pi_resize_matrix(old: tuple[int, int], new: tuple[int, int], *, mode: str = "bicubic",
