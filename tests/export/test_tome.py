@@ -87,8 +87,8 @@ def test_too_few_patches_are_refused_readably():
 
 @pytest.fixture(scope="module")
 def merged_onnx(tmp_path_factory):
-    cfg = variant("S/8", depth=3, width=48, heads=3, img_size=(32, 32), num_classes=5,
-                  pool="mean", merge=(3, 3, 2))  # needs 10 patches
+    cfg = variant("S/8", depth=2, width=48, heads=3, img_size=(32, 32), num_classes=5,
+                  pool="mean", merge=(3, 2))  # needs 7 patches
     model = build_model(cfg, seed=1)
     with torch.no_grad():
         for p in model.parameters():
