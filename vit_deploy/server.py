@@ -917,11 +917,16 @@ def make_app(session: Any, *, max_batch: int = 8, max_wait_ms: float = 5.0, top_
         return JSONResponse({"live": reason is None} | ({"reason": reason} if reason else {}),
                             status_code=503 if reason else 200)
 
+    def readiness(**fields: Any) -> JSONResponse:
+        """200 {"ready": true}, or 503 with the reason the batch worker stopped."""
+        reason = batcher.stopped()
+        return JSONResponse(fields | {"ready": reason is None}
+                            | ({"reason": reason} if reason else {}),
+                            status_code=503 if reason else 200)
+
     @app.get("/v2/health/ready")
     async def v2_ready():
-        reason = batcher.stopped()
-        return JSONResponse({"ready": reason is None} | ({"reason": reason} if reason else {}),
-                            status_code=503 if reason else 200)
+        return readiness()
 
     @app.get("/v2/models/{name}")
     @app.get("/v2/models/{name}/versions/{version}")
@@ -939,10 +944,7 @@ def make_app(session: Any, *, max_batch: int = 8, max_wait_ms: float = 5.0, top_
             find_model(name, version)
         except Failure as f:
             return error(f)
-        reason = batcher.stopped()
-        return JSONResponse({"name": model.name, "ready": reason is None}
-                            | ({"reason": reason} if reason else {}),
-                            status_code=503 if reason else 200)
+        return readiness(name=model.name)
 
     @app.post("/v2/models/{name}/infer")
     @app.post("/v2/models/{name}/versions/{version}/infer")
