@@ -1,13 +1,25 @@
-"""CPU comparison across fresh processes: PyTorch eager vs our fp32 and int8 graphs.
+"""CPU speed as users run it: one engine per fresh process, rounds interleaved.
 
-    python benchmarks/cpu_vs_peers.py vit-B16-448 [more bundles ...] --res 224,448 \
-        --processes 3 --runs 20 [--json out.json]
+    python benchmarks/cpu_vs_peers.py vit-B16-448 --res 224,448 --rounds 5 --runs 20 \
+        [--engines torch,ort:fp32,ort:int8,ort:int8-static,openvino:fp32,openvino:int8-static] \
+        [--graph NAME=file.onnx ...] [--batch 1,8] [--threads 2] [--json out.json]
 
-Each process loads every case, warms up, then runs them interleaved (A B C A B C ...)
-and reports per-case medians; the parent quotes the median over processes and the
-spread (min-max), the ratio to PyTorch (per process, then the median), and the fraction
-of the hardware floor (the model's FLOPs / a matmul peak measured here, same threads).
-OpenVINO is compared when installed (optional peer; not a dependency).
+Each round starts every engine in its own fresh Python process, in turn (the order
+rotates from round to round); the process loads its one engine, warms up, times `--runs`
+calls and reports their median. Per engine the table gives the median over rounds, the
+spread (fastest and slowest round), every round's median (so a process that stays slow for
+its whole life is visible), the ratio to PyTorch eager (per round, then the median) and
+the fraction of the hardware floor: the model's operations ÷ the peak of a large fp32
+matmul (PyTorch) and of a large int8 matmul (ONNX Runtime's `MatMulInteger`, u8 × s8),
+each measured in its own fresh process with the same threads.
+
+Engines: `torch` (eager fp32 from the bundle's weights), `ort:PRECISION` (the bundle's
+file through `ViTSession`, the runtime users embed; provider reported), `ort-file:NAME`
+(a graph given with `--graph NAME=path`, e.g. a lever under test), `openvino:fp32`,
+`openvino:bf16`, `openvino:int8-static` (OpenVINO on our own files, static shape, LATENCY
+hint, same threads; `fp32` pins OpenVINO's inference precision to f32, which it would
+otherwise lower to bf16 on CPUs with AMX). OpenVINO is an optional peer (`pip install
+'vit-deploy[peers]'`); its engines are skipped, and said so, when it is missing.
 """
 
 from __future__ import annotations
@@ -15,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -23,142 +36,265 @@ from pathlib import Path
 
 import numpy as np
 
+DEFAULT_ENGINES = "torch,ort:fp32,ort:int8,ort:int8-static,openvino:fp32,openvino:int8-static"
 
-def model_flops(cfg: dict, h: int, w: int) -> float:
-    """Multiply-adds × 2 of one image: patch embedding, blocks (qkv, attention, proj, MLP), head."""
+
+def model_ops(cfg: dict, h: int, w: int) -> dict[str, float]:
+    """Operations (2 × multiply-adds) of one image: the linear layers (what int8 runs in
+    int8: qkv, proj, fc1, fc2, head), the attention matmuls and the patch embedding."""
     P, D = cfg["patch_size"], cfg["width"]
     n = (h // P) * (w // P)
     t = n + cfg.get("class_token", True) + cfg.get("dist_token", False) + cfg.get("num_registers", 0)
     hidden = int(D * cfg["mlp_ratio"])
-    per_block = 3 * t * D * D + 2 * t * t * D + t * D * D + 2 * t * D * hidden
-    macs = n * cfg["in_chans"] * P * P * D + cfg["depth"] * per_block + D * max(1, cfg["num_classes"])
-    return 2.0 * macs
+    linear = cfg["depth"] * (4 * t * D * D + 2 * t * D * hidden) + D * max(1, cfg["num_classes"])
+    attention = cfg["depth"] * 2 * t * t * D
+    embed = n * cfg["in_chans"] * P * P * D
+    return {"linear": 2.0 * linear, "attention": 2.0 * attention, "embed": 2.0 * embed}
 
 
-def matmul_peak_gflops(threads: int, size: int = 2048, repeats: int = 10) -> float:
+# ---------------------------------------------------------------- worker processes
+
+def _peak_fp32(threads: int, size: int = 2048, repeats: int = 10) -> float:
     import torch
 
     torch.set_num_threads(threads)
     a, b = torch.randn(size, size), torch.randn(size, size)
     for _ in range(3):
         a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t0)
+    best = min(_timed(lambda: a @ b) for _ in range(repeats))
     return 2 * size ** 3 / best / 1e9
 
 
-def worker(args: argparse.Namespace) -> None:
-    """One fresh process: load every case, interleave, print JSON medians."""
-    import torch
+def _peak_int8(threads: int, size: int = 2048, repeats: int = 10) -> float:
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
 
-    from vit_deploy.export.checkpoints import load_model
-    from vit_deploy.runtime import RuntimeOptions, ViTSession
+    rng = np.random.default_rng(0)
+    w = rng.integers(-127, 128, (size, size), dtype=np.int8)
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "w"], ["y"])], "peak",
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, [size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [size, size])],
+        [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    s = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    a = rng.integers(0, 256, (size, size), dtype=np.uint8)
+    for _ in range(3):
+        s.run(None, {"a": a})
+    best = min(_timed(lambda: s.run(None, {"a": a})) for _ in range(repeats))
+    del onnx
+    return 2 * size ** 3 / best / 1e9
 
-    threads = args.threads or os.cpu_count()
-    torch.set_num_threads(threads)
-    h, w = args.hw
-    x = np.random.default_rng(0).standard_normal((1, 3, h, w), dtype=np.float32)
-    cases = {}
-    first = Path(args.bundles[0])
-    model = load_model(first / "weights.safetensors")
-    xt = torch.from_numpy(x)
 
-    def torch_run():
-        with torch.inference_mode():
-            model(xt)
-    cases["pytorch eager fp32"] = torch_run
-    opts = RuntimeOptions(verify=False, threads=args.threads, spinning=False)
-    for bundle in args.bundles:
-        for precision in args.precisions:
-            try:
-                s = ViTSession(bundle, precision=precision, options=opts)
-            except Exception as e:  # a bundle without this precision, or a static size
-                print(f"skip {bundle} {precision}: {e}", file=sys.stderr)
-                continue
-            if s.input_shape[2:] != ["height", "width"] and list(s.input_shape[2:]) != [h, w]:
-                continue
-            cases[f"ort {precision} ({Path(bundle).name})"] = (lambda s=s: s.run(x))
-    try:
-        import openvino as ov  # optional peer
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
+
+def _load_engine(engine: str, bundle: Path, graphs: dict[str, str], batch: int, h: int, w: int,
+                 threads: int):
+    """-> (run(x), what actually runs: provider / device / precision)."""
+    kind, _, name = engine.partition(":")
+    if kind == "torch":
+        import torch
+
+        from vit_deploy.export.checkpoints import load_model
+
+        torch.set_num_threads(threads)
+        model = load_model(bundle / "weights.safetensors").eval()
+
+        def run(x):
+            with torch.inference_mode():
+                return model(torch.from_numpy(x))
+        return run, f"PyTorch {torch.__version__} eager, {torch.get_num_threads()} threads"
+    if kind in ("ort", "ort-file"):
+        from vit_deploy.runtime import RuntimeOptions, ViTSession
+
+        source = bundle if kind == "ort" else Path(graphs[name])
+        kwargs = {"precision": name} if kind == "ort" else {}
+        s = ViTSession(source, options=RuntimeOptions(verify=False, threads=threads), **kwargs)
+        if s.input_shape[2:] != ["height", "width"] and list(s.input_shape[2:]) != [h, w]:
+            raise SystemExit(f"{engine}: the graph is fixed at {s.input_shape[2:]}, not {h}x{w}")
+        import onnxruntime as ort
+
+        return s.run, f"onnxruntime {ort.__version__} {s.providers[0]}"
+    if kind == "openvino":
+        import openvino as ov
+
+        files = {"fp32": "model.onnx", "bf16": "model.onnx", "int8-static": "model.int8-static.onnx"}
+        if name not in files:
+            raise SystemExit(f"openvino engines are {sorted(files)}, got {name!r}")
         core = ov.Core()
-        compiled = core.compile_model(str(first / "model.onnx"), "CPU")
-        cases["openvino fp32"] = lambda: compiled([x])
-    except ImportError:
-        pass
-    times = {k: [] for k in cases}
+        model = core.read_model(str(bundle / files[name]))
+        model.reshape({model.inputs[0].get_any_name(): [batch, 3, h, w]})
+        config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads}
+        if name == "fp32":
+            config["INFERENCE_PRECISION_HINT"] = "f32"
+        compiled = core.compile_model(model, "CPU", config)
+        precision = str(compiled.get_property("INFERENCE_PRECISION_HINT"))
+        request = compiled.create_infer_request()
+
+        def run(x):
+            return request.infer([x])
+        return run, f"OpenVINO {ov.__version__} CPU, inference precision {precision}"
+    raise SystemExit(f"unknown engine {engine!r}")
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One fresh process, one engine: load, warm up, time, print one JSON line."""
+    h, w = args.hw
+    threads = args.threads or os.cpu_count()
+    if args.worker == "peak:fp32":
+        print(json.dumps({"gops": _peak_fp32(threads)}))
+        return
+    if args.worker == "peak:int8":
+        print(json.dumps({"gops": _peak_int8(threads)}))
+        return
+    graphs = dict(g.split("=", 1) for g in args.graph)
+    t0 = time.perf_counter()
+    run, what = _load_engine(args.worker, Path(args.bundle), graphs, args.batch, h, w, threads)
+    load_s = time.perf_counter() - t0
+    x = np.random.default_rng(0).standard_normal((args.batch, 3, h, w), dtype=np.float32)
     for _ in range(args.warmup):
-        for fn in cases.values():
-            fn()
-    for _ in range(args.runs):
-        for k, fn in cases.items():
-            t0 = time.perf_counter()
-            fn()
-            times[k].append((time.perf_counter() - t0) * 1000)
-    out = {k: statistics.median(v) for k, v in times.items()}
-    print(json.dumps(out))
+        run(x)
+    times = [_timed(lambda: run(x)) * 1000 for _ in range(args.runs)]
+    print(json.dumps({"median_ms": statistics.median(times), "min_ms": min(times),
+                      "load_s": load_s, "runs": args.runs, "engine": what,
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+# ---------------------------------------------------------------- parent
+
+def _spawn(args: argparse.Namespace, engine: str, h: int, w: int, batch: int) -> dict | None:
+    cmd = [sys.executable, os.path.abspath(__file__), args.bundle, "--worker", engine,
+           "--hw", f"{h}x{w}", "--batch", str(batch), "--runs", str(args.runs),
+           "--warmup", str(args.warmup)] + [f"--graph={g}" for g in args.graph] + \
+        (["--threads", str(args.threads)] if args.threads else [])
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        reason = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        print(f"  {engine} at {h}x{w} batch {batch}: failed ({reason})", file=sys.stderr)
+        return None
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _available(engine: str) -> str | None:
+    """Why an engine cannot run here (None: it can)."""
+    if engine.startswith("openvino:"):
+        try:
+            import openvino  # noqa: F401
+        except ImportError:
+            return "OpenVINO is not installed (pip install 'vit-deploy[peers]')"
+    return None
+
+
+def _cpu_name() -> str:
+    try:
+        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                    if line.startswith("model name"))
+    except (OSError, StopIteration):
+        import platform
+
+        return platform.processor() or "unknown CPU"
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("bundles", nargs="+")
+    p.add_argument("bundle")
     p.add_argument("--res", default="224")
-    p.add_argument("--precisions", default="fp32,int8")
-    p.add_argument("--processes", type=int, default=3)
+    p.add_argument("--engines", default=DEFAULT_ENGINES)
+    p.add_argument("--graph", action="append", default=[], metavar="NAME=PATH",
+                   help="an extra ONNX graph, run as engine ort-file:NAME")
+    p.add_argument("--batch", default="1", help="batch sizes, e.g. 1,8 (images/s reported)")
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--runs", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", default=None)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--hw", default="224x224", help=argparse.SUPPRESS)
     args = p.parse_args()
-    args.precisions = args.precisions.split(",")
     if args.worker:
-        args.hw = tuple(int(v) for v in args.worker.split("x"))
+        args.hw = tuple(int(v) for v in args.hw.split("x"))
+        args.batch = int(args.batch)
         worker(args)
         return
-    manifest = json.loads((Path(args.bundles[0]) / "manifest.json").read_text())
+    bundle = Path(args.bundle)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    engines = [e for e in args.engines.split(",") if e]
+    for e in list(engines):
+        why = _available(e)
+        if why:
+            print(f"skipping {e}: {why}", file=sys.stderr)
+            engines.remove(e)
     threads = args.threads or os.cpu_count()
-    peak = matmul_peak_gflops(threads)
-    import platform
-
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                if line.startswith("model name")), platform.processor())
-    report = {"date": time.strftime("%Y-%m-%d"), "cpu": cpu, "threads": threads,
-              "matmul_peak_gflops": round(peak, 1), "results": {}}
-    print(f"{report['date']} {cpu}, {threads} threads, fp32 matmul peak {peak:.0f} GFLOP/s")
+    peaks = {k: _spawn(args, f"peak:{k}", 0, 0, 1)["gops"] for k in ("fp32", "int8")}
+    report = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": _cpu_name(), "threads": threads,
+              "peak_gops": {k: round(v, 1) for k, v in peaks.items()}, "rounds": args.rounds,
+              "runs": args.runs, "results": {}}
+    print(f"{report['date']}, {report['cpu']}, {threads} threads; peaks in fresh processes: "
+          f"fp32 matmul {peaks['fp32']:.0f} GFLOP/s (PyTorch), int8 matmul "
+          f"{peaks['int8']:.0f} GOP/s (ORT MatMulInteger)")
     for res in args.res.split(","):
         h, w = (int(v) for v in (res.split("x") * 2)[:2])
-        per_process = []
-        for i in range(args.processes):
-            cmd = [sys.executable, __file__, *args.bundles, "--worker", f"{h}x{w}",
-                   "--precisions", ",".join(args.precisions), "--runs", str(args.runs),
-                   "--warmup", str(args.warmup)] + (["--threads", str(args.threads)]
-                                                    if args.threads else [])
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-            per_process.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        flops = model_flops(manifest["config"], h, w)
-        floor_ms = flops / (peak * 1e9) * 1000
-        print(f"\n{h}x{w}: {flops / 1e9:.1f} GFLOP, floor {floor_ms:.0f} ms at the matmul peak")
-        print(f"| case | median ms | spread over {args.processes} processes | × torch | "
-              f"floor / time |")
-        print("|---|---|---|---|---|")
-        rows = {}
-        for case in per_process[0]:
-            ms = [p[case] for p in per_process]
-            ratio = statistics.median(p[case] / p["pytorch eager fp32"] for p in per_process)
-            rows[case] = {"median_ms": statistics.median(ms), "min_ms": min(ms), "max_ms": max(ms),
-                          "ratio_to_torch": ratio, "floor_fraction": floor_ms / statistics.median(ms)}
-            r = rows[case]
-            print(f"| {case} | {r['median_ms']:.1f} | {r['min_ms']:.1f}–{r['max_ms']:.1f} | "
-                  f"{ratio:.2f} | {r['floor_fraction']:.2f} |")
-        print(f"| fp32 floor (FLOPs ÷ peak) | {floor_ms:.1f} | | "
-              f"{floor_ms / rows['pytorch eager fp32']['median_ms']:.2f} | 1 |")
-        report["results"][f"{h}x{w}"] = {"gflop": flops / 1e9, "floor_ms": floor_ms, "cases": rows}
+        ops = model_ops(manifest["config"], h, w)
+        for batch in (int(b) for b in args.batch.split(",")):
+            rounds: dict[str, list[dict]] = {e: [] for e in engines}
+            for r in range(args.rounds):
+                order = engines[r % len(engines):] + engines[:r % len(engines)]
+                for engine in order:
+                    out = _spawn(args, engine, h, w, batch)
+                    if out:
+                        rounds[engine].append(out)
+            key = f"{h}x{w} batch {batch}"
+            report["results"][key] = _table(rounds, ops, peaks, batch, key, args.rounds)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
+
+
+def _table(rounds: dict[str, list[dict]], ops: dict[str, float], peaks: dict[str, float],
+           batch: int, key: str, n_rounds: int) -> dict:
+    total = sum(ops.values()) * batch
+    floor_fp32 = total / (peaks["fp32"] * 1e9) * 1000
+    # int8 floor: linear layers at the int8 peak, the rest (attention, embedding) at fp32's
+    floor_int8 = (ops["linear"] / (peaks["int8"] * 1e9) + (ops["attention"] + ops["embed"]) /
+                  (peaks["fp32"] * 1e9)) * batch * 1000
+    torch_ms = {i: r["median_ms"] for i, r in enumerate(rounds.get("torch", []))}
+    print(f"\n{key}: {total / 1e9:.1f} GOP; floor fp32 {floor_fp32:.1f} ms, "
+          f"int8 (linear layers in int8) {floor_int8:.1f} ms")
+    print(f"| engine | what ran | median ms | spread ({n_rounds} processes) | each process | "
+          f"× torch | images/s | floor ÷ time |")
+    print("|---|---|---|---|---|---|---|---|")
+    rows = {}
+    for engine, outs in rounds.items():
+        if not outs:
+            continue
+        ms = [o["median_ms"] for o in outs]
+        ratios = [o["median_ms"] / torch_ms[i] for i, o in enumerate(outs) if i in torch_ms]
+        med = statistics.median(ms)
+        floor = floor_int8 if "int8" in engine else floor_fp32  # name ort-file graphs *int8*
+        row = {"engine": outs[0]["engine"], "median_ms": med, "min_ms": min(ms),
+               "max_ms": max(ms), "per_process_ms": ms,
+               "ratio_to_torch": statistics.median(ratios) if ratios else None,
+               "images_per_s": 1000 * batch / med, "floor_fraction": floor / med,
+               "load_s": statistics.median(o["load_s"] for o in outs),
+               "peak_rss_mb": max(o["peak_rss_mb"] for o in outs)}
+        rows[engine] = row
+        ratio = f"{row['ratio_to_torch']:.2f}" if ratios else ""
+        print(f"| {engine} | {row['engine']} | {med:.1f} | {min(ms):.1f}–{max(ms):.1f} | "
+              f"{', '.join(f'{v:.0f}' for v in ms)} | {ratio} | {row['images_per_s']:.1f} | "
+              f"{row['floor_fraction']:.2f} |")
+    torch_med = rows.get("torch", {}).get("median_ms")
+    for name, floor in (("fp32 floor", floor_fp32), ("int8 floor", floor_int8)):
+        ratio = f"{floor / torch_med:.2f}" if torch_med else ""
+        print(f"| {name} | operations ÷ peak | {floor:.1f} | | | {ratio} | | 1 |")
+    return {"gop": total / 1e9, "floor_fp32_ms": floor_fp32, "floor_int8_ms": floor_int8,
+            "engines": rows}
 
 
 if __name__ == "__main__":

@@ -40,22 +40,26 @@ def test_linear_layers_are_named_by_module_path(fp32_bundle):
 
 @pytest.mark.parametrize("precision,kernel", [("int8", "DynamicQuantizeMatMul"),
                                               ("int4", "MatMulNBits"),
-                                              ("int8-static", "QLinearMatMul|MatMulIntegerToFloat|"
-                                                              "DequantizeLinear")])
+                                              ("int8-static", "MatMulIntegerToFloat|QGemm")])
 def test_each_linear_layer_runs_quantised(fp32_bundle, calib, tmp_path, precision, kernel):
     result = quantize_model(fp32_bundle / MODEL_FILE, tmp_path / "q.onnx", precision=precision,
                             calibration=calib, options=QuantOptions(block_size=16))
     assert result.recipe["quantised_layers"] == [*LAYERS, "head"]
     assert result.recipe["kept_float_layers"] == []
     ops = ort_kernels(result.path)["optimised_ops"]
-    if precision != "int8-static":
-        assert ops.get(kernel) == len(LAYERS) + 1  # nothing silently left in fp32
-    else:  # QDQ: every quantised MatMul reads a dequantised weight, the others do not
+    # nothing silently left in fp32
+    assert sum(ops.get(k, 0) for k in kernel.split("|")) == len(LAYERS) + 1
+    if precision == "int8-static":
+        # QDQ in the file (portable), every quantised layer reading a dequantised weight;
+        # in ORT's graph the encoder's layers run as MatMulIntegerToFloat (the head as QGemm),
+        # no weight dequantised at run time (ViT-B/16's fc1 were: 3.8x slower than int8)
         model = onnx.load(str(result.path))
         produced_by = {o: n.op_type for n in model.graph.node for o in n.output}
-        qdq = [n for n in model.graph.node if n.op_type == "MatMul"
+        qdq = [n for n in model.graph.node if n.op_type in ("MatMul", "Gemm")
                and produced_by.get(n.input[1]) == "DequantizeLinear"]
         assert len(qdq) == len(LAYERS) + 1
+        assert ops.get("MatMulIntegerToFloat") == len(LAYERS)
+        assert "QLinearMatMul" not in ops
     x = sample_inputs((24, 40), 2)
     with ViTSession(fp32_bundle) as ref, ViTSession(result.path) as q:
         case = judge(ref.run(x), q.run(x), resolution=(24, 40), provider="cpu",
