@@ -16,9 +16,10 @@ each measured in its own fresh process with the same threads.
 Engines: `torch` (eager fp32 from the bundle's weights), `ort:PRECISION` (the bundle's
 file through `ViTSession`, the runtime users embed; provider reported), `ort-file:NAME`
 (a graph given with `--graph NAME=path`, e.g. a lever under test), `openvino:fp32`,
-`openvino:bf16`, `openvino:int8-static` (OpenVINO on our own files, static shape, LATENCY
-hint, same threads; `fp32` pins OpenVINO's inference precision to f32, which it would
-otherwise lower to bf16 on CPUs with AMX). OpenVINO is an optional peer (`pip install
+`openvino:bf16`, `openvino:int8-static`, `openvino:int8-static-f32` (OpenVINO on our own
+files, static shape, LATENCY hint, same threads; `fp32` and `-f32` pin OpenVINO's inference
+precision to f32: on CPUs with AMX it would otherwise run everything that is not int8 in
+bf16). OpenVINO is an optional peer (`pip install
 'vit-deploy[peers]'`); its engines are skipped, and said so, when it is missing.
 """
 
@@ -41,15 +42,22 @@ DEFAULT_ENGINES = "torch,ort:fp32,ort:int8,ort:int8-static,openvino:fp32,openvin
 
 def model_ops(cfg: dict, h: int, w: int) -> dict[str, float]:
     """Operations (2 × multiply-adds) of one image: the linear layers (what int8 runs in
-    int8: qkv, proj, fc1, fc2, head), the attention matmuls and the patch embedding."""
+    int8: qkv, proj, fc1, fc2, head), the attention matmuls, the patch embedding and the
+    position table's resampling (two small matrix products, one per axis)."""
     P, D = cfg["patch_size"], cfg["width"]
-    n = (h // P) * (w // P)
-    t = n + cfg.get("class_token", True) + cfg.get("dist_token", False) + cfg.get("num_registers", 0)
+    gh, gw = h // P, w // P
+    GH, GW = (s // P for s in cfg["img_size"])  # the position table's grid
+    n = gh * gw
+    t = n + cfg.get("class_token", True) + cfg.get("dist_token", False) + \
+        cfg.get("num_registers", 0)
     hidden = int(D * cfg["mlp_ratio"])
     linear = cfg["depth"] * (4 * t * D * D + 2 * t * D * hidden) + D * max(1, cfg["num_classes"])
     attention = cfg["depth"] * 2 * t * t * D
     embed = n * cfg["in_chans"] * P * P * D
-    return {"linear": 2.0 * linear, "attention": 2.0 * attention, "embed": 2.0 * embed}
+    position = (gh * GH * GW + gh * gw * GW) * D if cfg.get("pos_embed") == "learned" \
+        else (gh * GH + gw * GW) * D
+    return {"linear": 2.0 * linear, "attention": 2.0 * attention, "embed": 2.0 * embed,
+            "position": 2.0 * position}
 
 
 # ---------------------------------------------------------------- worker processes
@@ -126,17 +134,21 @@ def _load_engine(engine: str, bundle: Path, graphs: dict[str, str], batch: int, 
     if kind == "openvino":
         import openvino as ov
 
-        files = {"fp32": "model.onnx", "bf16": "model.onnx", "int8-static": "model.int8-static.onnx"}
+        # engine -> (our file, OpenVINO's inference precision for what is not int8; None:
+        # its default, bf16 on CPUs with AMX)
+        files = {"fp32": ("model.onnx", "f32"), "bf16": ("model.onnx", "bf16"),
+                 "int8-static": ("model.int8-static.onnx", None),
+                 "int8-static-f32": ("model.int8-static.onnx", "f32")}
         if name not in files:
             raise SystemExit(f"openvino engines are {sorted(files)}, got {name!r}")
         core = ov.Core()
-        model = core.read_model(str(bundle / files[name]))
+        model = core.read_model(str(bundle / files[name][0]))
         model.reshape({model.inputs[0].get_any_name(): [batch, 3, h, w]})
         config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads}
-        if name == "fp32":
-            config["INFERENCE_PRECISION_HINT"] = "f32"
+        if files[name][1]:
+            config["INFERENCE_PRECISION_HINT"] = files[name][1]
         compiled = core.compile_model(model, "CPU", config)
-        precision = str(compiled.get_property("INFERENCE_PRECISION_HINT"))
+        precision = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
         request = compiled.create_infer_request()
 
         def run(x):
@@ -262,7 +274,7 @@ def _table(rounds: dict[str, list[dict]], ops: dict[str, float], peaks: dict[str
     total = sum(ops.values()) * batch
     floor_fp32 = total / (peaks["fp32"] * 1e9) * 1000
     # int8 floor: linear layers at the int8 peak, the rest (attention, embedding) at fp32's
-    floor_int8 = (ops["linear"] / (peaks["int8"] * 1e9) + (ops["attention"] + ops["embed"]) /
+    floor_int8 = (ops["linear"] / (peaks["int8"] * 1e9) + (total / batch - ops["linear"]) /
                   (peaks["fp32"] * 1e9)) * batch * 1000
     torch_ms = {i: r["median_ms"] for i, r in enumerate(rounds.get("torch", []))}
     print(f"\n{key}: {total / 1e9:.1f} GOP; floor fp32 {floor_fp32:.1f} ms, "
