@@ -6,7 +6,10 @@
 
 Each round starts every engine in its own fresh Python process, in turn (the order
 rotates from round to round); the process loads its one engine, warms up, times `--runs`
-calls and reports their median. Per engine the table gives the median over rounds, the
+calls and reports their median. A probe process at the start of each round measures how
+many cores' worth the threads really get (an int8 GEMM on N threads vs one): on virtual
+machines whose vCPUs share physical cores with other guests this moves from minute to
+minute, and with it every engine's latency; the report warns when it fell short. Per engine the table gives the median over rounds, the
 spread (fastest and slowest round), every round's median (so a process that stays slow for
 its whole life is visible), the ratio to PyTorch eager (per round, then the median) and
 the fraction of the hardware floor: the model's operations ÷ the peak of a large fp32
@@ -73,8 +76,9 @@ def _peak_fp32(threads: int, size: int = 2048, repeats: int = 10) -> float:
     return 2 * size ** 3 / best / 1e9
 
 
-def _peak_int8(threads: int, size: int = 2048, repeats: int = 10) -> float:
-    import onnx
+def _int8_gemm(threads: int, size: int):
+    """A session running one size³ u8 × s8 MatMulInteger (idle threads not spinning), and
+    its input."""
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
@@ -89,13 +93,29 @@ def _peak_int8(threads: int, size: int = 2048, repeats: int = 10) -> float:
     model.ir_version = 10
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     s = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    a = rng.integers(0, 256, (size, size), dtype=np.uint8)
+    return s, {"a": rng.integers(0, 256, (size, size), dtype=np.uint8)}
+
+
+def _peak_int8(threads: int, size: int = 2048, repeats: int = 10) -> float:
+    s, feed = _int8_gemm(threads, size)
     for _ in range(3):
-        s.run(None, {"a": a})
-    best = min(_timed(lambda: s.run(None, {"a": a})) for _ in range(repeats))
-    del onnx
+        s.run(None, feed)
+    best = min(_timed(lambda: s.run(None, feed)) for _ in range(repeats))
     return 2 * size ** 3 / best / 1e9
+
+
+def _thread_scaling(threads: int, size: int = 1024, repeats: int = 15) -> float:
+    """How many cores' worth the threads give right now: the int8 GEMM's best time on one
+    thread ÷ on `threads`, measured back to back. On a virtual machine whose vCPUs share
+    physical cores with other guests this drops towards 1 while a neighbour is busy."""
+    one, many = _int8_gemm(1, size), _int8_gemm(threads, size)
+    best = {}
+    for name, (s, feed) in (("one", one), ("many", many)):
+        s.run(None, feed)
+        best[name] = min(_timed(lambda: s.run(None, feed)) for _ in range(repeats))
+    return best["one"] / best["many"]
 
 
 def _timed(fn) -> float:
@@ -166,6 +186,9 @@ def worker(args: argparse.Namespace) -> None:
         return
     if args.worker == "peak:int8":
         print(json.dumps({"gops": _peak_int8(threads)}))
+        return
+    if args.worker == "probe:threads":
+        print(json.dumps({"scaling": _thread_scaling(threads)}))
         return
     graphs = dict(g.split("=", 1) for g in args.graph)
     t0 = time.perf_counter()
@@ -257,7 +280,10 @@ def main() -> None:
         ops = model_ops(manifest["config"], h, w)
         for batch in (int(b) for b in args.batch.split(",")):
             rounds: dict[str, list[dict]] = {e: [] for e in engines}
+            scaling = []  # one probe per round: is the machine giving us all its threads?
             for r in range(args.rounds):
+                if threads > 1:
+                    scaling.append(_spawn(args, "probe:threads", 0, 0, 1)["scaling"])
                 order = engines[r % len(engines):] + engines[:r % len(engines)]
                 for engine in order:
                     out = _spawn(args, engine, h, w, batch)
@@ -265,6 +291,15 @@ def main() -> None:
                         rounds[engine].append(out)
             key = f"{h}x{w} batch {batch}"
             report["results"][key] = _table(rounds, ops, peaks, batch, key, args.rounds)
+            report["results"][key]["thread_scaling"] = scaling
+            if scaling:
+                print(f"{threads} threads gave this many cores' worth of int8 GEMM, probed at "
+                      f"the start of each round: {', '.join(f'{v:.2f}' for v in scaling)}")
+                if min(scaling) < 0.75 * threads:
+                    print(f"warning: in {sum(v < 0.75 * threads for v in scaling)} of "
+                          f"{len(scaling)} rounds the {threads} threads did not get "
+                          f"{threads} cores' worth (other load, or vCPUs sharing physical "
+                          f"cores): compare engines within a round, and medians over rounds")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
 

@@ -39,14 +39,16 @@ def test_operation_count_equals_torchs_flop_counter(make_tiny, kind, hw):
 def test_each_engine_runs_alone_in_fresh_processes(quantised_bundle, tmp_path):
     out = tmp_path / "report.json"
     r = subprocess.run([sys.executable, str(SCRIPT), str(quantised_bundle), "--res", "24x40",
-                        "--rounds", "2", "--runs", "3", "--warmup", "1", "--threads", "1",
+                        "--rounds", "2", "--runs", "3", "--warmup", "1", "--threads", "2",
                         "--engines", "torch,ort:fp32,ort:int8,ort:fp16", "--json", str(out)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     report = json.loads(out.read_text())
-    assert report["threads"] == 1 and report["rounds"] == 2
+    assert report["threads"] == 2 and report["rounds"] == 2
     assert report["peak_gops"]["fp32"] > 0 and report["peak_gops"]["int8"] > 0
-    engines = report["results"]["24x40 batch 1"]["engines"]
+    result = report["results"]["24x40 batch 1"]
+    assert len(result["thread_scaling"]) == 2 and all(v > 0 for v in result["thread_scaling"])
+    engines = result["engines"]
     assert set(engines) == {"torch", "ort:fp32", "ort:int8"}  # the bundle has no fp16
     assert "ort:fp16 at 24x40 batch 1: failed" in r.stderr
     for name, row in engines.items():
