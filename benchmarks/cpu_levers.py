@@ -10,6 +10,9 @@ them against the bundle's fp32 model, and print the `cpu_vs_peers.py` line that 
   sliced from the qkv output.
 - `int8_attn_qk`, `int8_attn_qkav`: dynamic int8 with the attention matmuls quantised too
   (q·kᵀ; q·kᵀ and probabilities·v), both operands quantised at run time.
+- `int8_skipln`: the bundle's int8 file with each residual Add + LayerNormalization fused
+  into ORT's contrib `SkipLayerNormalization` (ORT's own offline fusion; its session
+  optimiser does not find them in our graph).
 The README (CPU speed) gives what each measured.
 """
 
@@ -175,6 +178,16 @@ def main() -> None:
     n = fuse_attention(model, cfg["heads"], cfg["width"])
     onnx.save(model, str(out / "int8_mha.onnx"))
     graphs["int8_mha"] = f"{n} attention cores -> MultiHeadAttention"
+    from onnxruntime.transformers.fusion_skiplayernorm import FusionSkipLayerNormalization
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    wrapped = OnnxModel(onnx.load(str(bundle / "model.int8.onnx")))
+    FusionSkipLayerNormalization(wrapped).apply()
+    wrapped.remove_unused_constant()
+    wrapped.topological_sort()
+    onnx.save(wrapped.model, str(out / "int8_skipln.onnx"))
+    fused = sum(n.op_type == "SkipLayerNormalization" for n in wrapped.model.graph.node)
+    graphs["int8_skipln"] = f"{fused} Add + LayerNorm -> SkipLayerNormalization"
     fp32 = onnx.load(str(bundle / "model.onnx"))
     fuse_attention(fp32, cfg["heads"], cfg["width"])
     onnx.save(fp32, str(out / "fp32_mha.onnx"))
