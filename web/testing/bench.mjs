@@ -35,11 +35,41 @@ async function measure(vit, { runs, warmup, size, newSize }) {
   return { median: times[Math.floor(times.length / 2)], min: times[0], first, firstNew, secondNew, info: vit.info };
 }
 
+// Peak resident memory (VmHWM, MB) of the renderer processes of the browser started with
+// this profile (Linux /proc; null elsewhere): what the page's tab held at most, the
+// WebAssembly heap included.
+function rendererPeakMB(profile) {
+  if (!fs.existsSync('/proc')) return null;
+  const procs = new Map();
+  for (const pid of fs.readdirSync('/proc').filter((d) => /^\d+$/.test(d))) {
+    try {
+      const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+      const ppid = stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1];
+      procs.set(pid, { ppid, cmd: fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8') });
+    } catch { /* the process ended meanwhile */ }
+  }
+  const ours = new Set([...procs].filter(([, p]) => p.cmd.includes(profile)).map(([pid]) => pid));
+  for (let grew = true; grew;) { // and every descendant (zygotes, renderers)
+    grew = false;
+    for (const [pid, p] of procs) if (!ours.has(pid) && ours.has(p.ppid)) { ours.add(pid); grew = true; }
+  }
+  let peak = null;
+  for (const pid of ours) {
+    if (!procs.get(pid).cmd.includes('--type=renderer')) continue;
+    try {
+      const hwm = /VmHWM:\s+(\d+) kB/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'));
+      if (hwm) peak = Math.max(peak ?? 0, Number(hwm[1]) / 1024);
+    } catch { /* ended */ }
+  }
+  return peak;
+}
+
 if (process.argv[2] === 'node') {
   const { ViT } = await import('../src/vit-deploy.mjs');
   const [, , , bundle, precision, threads] = process.argv;
   const vit = await ViT.load(bundle, { precision, threads: Number(threads) });
-  console.log(JSON.stringify(await measure(vit, CONFIG)));
+  const r = await measure(vit, CONFIG);
+  console.log(JSON.stringify({ ...r, peakMB: process.resourceUsage().maxRSS / 1024 }));
 } else {
   const { chromium } = await import('playwright-core');
   const job = JSON.parse(fs.readFileSync(process.argv[3], 'utf8'));
@@ -53,7 +83,7 @@ if (process.argv[2] === 'node') {
     await page.goto(`${spec.url}?precision=${spec.precision}&threads=${spec.threads}`);
     await page.waitForFunction(() => document.body.dataset.ready, null, { timeout: 300_000 });
     const r = await page.evaluate(`(${measure.toString()})(window.vit, ${JSON.stringify(CONFIG)})`);
-    out.push({ ...spec, ...r });
+    out.push({ ...spec, ...r, peakMB: rendererPeakMB(profile) });
     await context.close();
     fs.rmSync(profile, { recursive: true, force: true });
   }
