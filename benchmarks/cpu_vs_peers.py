@@ -6,15 +6,16 @@
 
 Each round starts every engine in its own fresh Python process, in turn (the order
 rotates from round to round); the process loads its one engine, warms up, times `--runs`
-calls and reports their median. A probe process at the start of each round measures how
-many cores' worth the threads really get (an int8 GEMM on N threads vs one): on virtual
-machines whose vCPUs share physical cores with other guests this moves from minute to
-minute, and with it every engine's latency; the report warns when it fell short. Per engine the table gives the median over rounds, the
-spread (fastest and slowest round), every round's median (so a process that stays slow for
-its whole life is visible), the ratio to PyTorch eager (per round, then the median) and
-the fraction of the hardware floor: the model's operations ÷ the peak of a large fp32
-matmul (PyTorch) and of a large int8 matmul (ONNX Runtime's `MatMulInteger`, u8 × s8),
-each measured in its own fresh process with the same threads.
+calls and reports their median. Per engine the table gives the median over rounds, the
+spread (fastest and slowest round), every round's median (so a slow process is visible),
+the ratio to PyTorch eager (per round, then the median) and the fraction of the hardware
+floor: the model's operations ÷ the peak of a large fp32 matmul (PyTorch) and of a large
+int8 matmul (ONNX Runtime's `MatMulInteger`, u8 × s8), each measured in its own fresh
+process with the same threads. A probe process at the start of each round measures how
+many cores' worth the threads really get (an int8 matmul on N threads vs one,
+`vit_deploy.bench.thread_scaling`): on virtual machines whose vCPUs share physical cores
+with other guests this moves from minute to minute, and with it every engine's latency;
+the report warns when it fell short.
 
 Engines: `torch` (eager fp32 from the bundle's weights), `ort:PRECISION` (the bundle's
 file through `ViTSession`, the runtime users embed; provider reported), `ort-file:NAME`
@@ -76,46 +77,14 @@ def _peak_fp32(threads: int, size: int = 2048, repeats: int = 10) -> float:
     return 2 * size ** 3 / best / 1e9
 
 
-def _int8_gemm(threads: int, size: int):
-    """A session running one size³ u8 × s8 MatMulInteger (idle threads not spinning), and
-    its input."""
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    w = rng.integers(-127, 128, (size, size), dtype=np.int8)
-    graph = helper.make_graph(
-        [helper.make_node("MatMulInteger", ["a", "w"], ["y"])], "peak",
-        [helper.make_tensor_value_info("a", TensorProto.UINT8, [size, size])],
-        [helper.make_tensor_value_info("y", TensorProto.INT32, [size, size])],
-        [numpy_helper.from_array(w, "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 10
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    s = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    return s, {"a": rng.integers(0, 256, (size, size), dtype=np.uint8)}
-
-
 def _peak_int8(threads: int, size: int = 2048, repeats: int = 10) -> float:
-    s, feed = _int8_gemm(threads, size)
+    from vit_deploy.bench import int8_gemm
+
+    s, feed = int8_gemm(threads, size)
     for _ in range(3):
         s.run(None, feed)
     best = min(_timed(lambda: s.run(None, feed)) for _ in range(repeats))
     return 2 * size ** 3 / best / 1e9
-
-
-def _thread_scaling(threads: int, size: int = 1024, repeats: int = 15) -> float:
-    """How many cores' worth the threads give right now: the int8 GEMM's best time on one
-    thread ÷ on `threads`, measured back to back. On a virtual machine whose vCPUs share
-    physical cores with other guests this drops towards 1 while a neighbour is busy."""
-    one, many = _int8_gemm(1, size), _int8_gemm(threads, size)
-    best = {}
-    for name, (s, feed) in (("one", one), ("many", many)):
-        s.run(None, feed)
-        best[name] = min(_timed(lambda: s.run(None, feed)) for _ in range(repeats))
-    return best["one"] / best["many"]
 
 
 def _timed(fn) -> float:
@@ -188,7 +157,9 @@ def worker(args: argparse.Namespace) -> None:
         print(json.dumps({"gops": _peak_int8(threads)}))
         return
     if args.worker == "probe:threads":
-        print(json.dumps({"scaling": _thread_scaling(threads)}))
+        from vit_deploy.bench import thread_scaling
+
+        print(json.dumps({"scaling": thread_scaling(threads)}))
         return
     graphs = dict(g.split("=", 1) for g in args.graph)
     t0 = time.perf_counter()

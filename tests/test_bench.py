@@ -85,3 +85,21 @@ def test_bench_plot_and_budget(quantised_bundle, tmp_path):
     assert all(b["resolution"] == [64, 64] for b in budget)  # everything fits 10 s
     assert "within 10000 ms p90 at batch 1 on cpu fp32: up to 64x64" in r.output
     assert np.isfinite([b["p90_ms"] for b in budget]).all()
+
+
+def test_report_says_how_many_cores_the_threads_got(tiny_bundle):
+    from vit_deploy.bench import BenchReport, status_notes, thread_scaling
+
+    _, result = tiny_bundle
+    report = run_bench(result.path, BenchOptions(threads=(2,), runs=2, warmup=0, sessions=1))
+    probe = report.environment["thread_scaling"]
+    assert probe["threads"] == 2 and probe["before"] > 0 and probe["after"] > 0
+    one = run_bench(result.path, BenchOptions(threads=(1,), runs=2, warmup=0, sessions=1))
+    assert "thread_scaling" not in one.environment  # nothing to probe on one thread
+    assert 0.2 < thread_scaling(1, size=256, repeats=3) < 5  # one thread vs itself
+    starved = BenchReport(report.bundle, report.environment | {"thread_scaling": {
+        "threads": 2, "before": 0.93, "after": 1.95}}, report.options, report.cases)
+    assert any("2 threads got 0.93 (before)" in n for n in status_notes(starved))
+    fed = BenchReport(report.bundle, report.environment | {"thread_scaling": {
+        "threads": 2, "before": 1.9, "after": 1.95}}, report.options, report.cases)
+    assert not any("cores' worth" in n for n in status_notes(fed))

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from vit_deploy.runtime.manifest import dumps_strict, load_manifest
-from vit_deploy.runtime.providers import parse_providers, short_name
+from vit_deploy.runtime.providers import CPU, parse_providers, short_name
 from vit_deploy.runtime.session import RuntimeOptions, ViTSession
 from vit_deploy.sizes import guard_memory
 
@@ -122,7 +122,8 @@ class BenchReport:
             f"{env.get('cpu')} ({env.get('cores')} cores; {', '.join(env.get('cpu_flags', []))})"
             f"; GPU: {env.get('gpu') or 'none'}; onnxruntime {env.get('onnxruntime')}, torch "
             f"{env.get('torch')}; {self.options.get('sessions')} session(s) per case, "
-            f"interleaved; ORT spinning {spinning}", table, *status_notes(self))
+            f"interleaved; ORT spinning {spinning}{_probe_text(env)}", table,
+            *status_notes(self))
 
     def to_csv(self) -> str:
         rows = [c.to_dict() for c in self.cases]
@@ -159,6 +160,9 @@ def run_bench(bundle: str | Path, options: BenchOptions = BenchOptions(),
     largest = max(resolutions, key=lambda hw: hw[0] * hw[1])
     guard_memory(*largest, cfg, batch=max(options.batches))
     groups = [(hw, b, t) for hw in resolutions for b in options.batches for t in options.threads]
+    probe_threads = max((t or os.cpu_count() or 1) for t in options.threads)
+    probe = probe_threads > 1 and (CPU in providers or options.baseline_torch)
+    scaling_before = thread_scaling(probe_threads) if probe else None
     total = len(groups) * (options.runs if options.seconds is None else 1)
     done = 0
     cases: list[CaseResult] = []
@@ -208,6 +212,9 @@ def run_bench(bundle: str | Path, options: BenchOptions = BenchOptions(),
             cases.append(case)
         del runners, live
     env = environment() | {"peak_rss_mb": round(rss_mb(peak=True), 1)}
+    if probe:
+        env["thread_scaling"] = {"threads": probe_threads, "before": round(scaling_before, 2),
+                                 "after": round(thread_scaling(probe_threads), 2)}
     opts = asdict(options) | {"providers_resolved": [short_name(p) for p in providers],
                               "patch_size": cfg.patch_size,
                               "ort_spinning": _spinning(options)}
@@ -446,12 +453,66 @@ def plot(report: BenchReport, path: str | Path) -> Path:
 
 
 def status_notes(report: BenchReport) -> list[str]:
-    """Each distinct reason a case did not run as asked, once."""
+    """Each distinct reason a case did not run as asked, once; and a machine that did not
+    give the threads their cores."""
     notes: dict[str, None] = {}
     for c in report.cases:
         if ":" in c.status:
             notes[f"{c.requested}: {c.status}"] = None
+    probe = report.environment.get("thread_scaling")
+    if probe and min(probe["before"], probe["after"]) < 0.75 * probe["threads"]:
+        notes[f"{probe['threads']} threads got {probe['before']:.2f} (before) and "
+              f"{probe['after']:.2f} (after) cores' worth of an int8 matmul: this machine "
+              f"shares its cores (other load, or vCPUs on shared physical cores); its "
+              f"latencies move with that, so compare cases within one run and repeat"] = None
     return list(notes)
+
+
+def _probe_text(env: dict[str, Any]) -> str:
+    probe = env.get("thread_scaling")
+    return (f"; {probe['threads']} threads = {probe['before']:.2f} / {probe['after']:.2f} "
+            f"cores' worth (before / after)" if probe else "")
+
+
+def int8_gemm(threads: int, size: int) -> tuple[Any, dict[str, np.ndarray]]:
+    """An ONNX Runtime CPU session running one size³ u8 × s8 MatMulInteger (idle threads
+    not spinning), and its input."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = rng.integers(-127, 128, (size, size), dtype=np.int8)
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "w"], ["y"])], "gemm",
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, [size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [size, size])],
+        [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ort.InferenceSession(model.SerializeToString(), so,
+                                   providers=["CPUExecutionProvider"])
+    return session, {"a": rng.integers(0, 256, (size, size), dtype=np.uint8)}
+
+
+def thread_scaling(threads: int, *, size: int = 1024, repeats: int = 15) -> float:
+    """How many cores' worth `threads` get right now: an int8 matmul's best time on one
+    thread ÷ on `threads`, back to back. Measured on a 2-vCPU cloud guest: 2.0 at some
+    moments and 0.9-1.2 at others, minute to minute (the second vCPU shared a physical
+    core with another guest), and every model's latency moved with it (README)."""
+    best = []
+    for n in (1, threads):
+        session, feed = int8_gemm(n, size)
+        session.run(None, feed)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            session.run(None, feed)
+            times.append(time.perf_counter() - t0)
+        best.append(min(times))
+    return best[0] / best[1]
 
 
 @dataclass
