@@ -44,9 +44,6 @@ class QuantOptions:
     # and 3.5 % faster on ViT-B/16 (ORT's session optimiser does not fuse the exporter's
     # pattern itself; its offline FusionGelu, which fuse_gelu runs, does).
     fuse_gelu: bool = True
-    # int8-static: zero points of 0 for activations (what TensorRT's explicit quantisation
-    # takes); False: asymmetric, a little finer for one-sided inputs (fc2 after GELU)
-    symmetric_activations: bool = False
     fp16_keep_fp32: tuple[str, ...] = FP16_KEEP_FP32
 
     def __post_init__(self) -> None:
@@ -123,8 +120,7 @@ def quantize_model(src: str | Path, dst: str | Path, *, precision: str,
                 fused = fuse_gelu(out_tmp)
                 recipe["gelu"] = f"{fused} GELU subgraphs fused into com.microsoft.Gelu (exact)"
             recipe.update(kind="static QDQ", weights="int8 per-channel" if options.per_channel
-                          else "int8 per-tensor", activations="int8 symmetric" if
-                          options.symmetric_activations else "int8",
+                          else "int8 per-tensor", activations="int8",
                           quantised_outputs=False,
                           calibration=options.calibration, calibration_images=int(
                               sum(len(c) for c in calibration)))
@@ -237,11 +233,10 @@ def _int8_static(src: Path, dst: Path, nodes: list[str], options: QuantOptions,
     # Only the inputs of the linear layers are quantised, not their outputs: ONNX Runtime then
     # fuses Q -> DQ -> MatMul into MatMulIntegerToFloat for every layer. With quantised
     # outputs it made QLinearMatMul of 37 of ViT-B/16's 49 and left 12 (the fc1 layers) as
-    # DequantizeLinear + fp32 MatMul, dequantising their weights on every run: 3.8x slower
+    # DequantizeLinear + fp32 MatMul, dequantising their weights on every run: 3.7x slower
     # than dynamic int8 (README, CPU speed).
     extra: dict[str, Any] = {"MatMulConstBOnly": True,
-                             "OpTypesToExcludeOutputQuantization": ["MatMul"],
-                             "ActivationSymmetric": options.symmetric_activations}
+                             "OpTypesToExcludeOutputQuantization": ["MatMul"]}
     if options.calibration == "percentile":
         extra["CalibPercentile"] = options.percentile
     with _quiet_quantizer():
