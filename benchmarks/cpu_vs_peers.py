@@ -231,6 +231,9 @@ def main() -> None:
         worker(args)
         return
     bundle = Path(args.bundle)
+    if not (bundle / "manifest.json").is_file():
+        p.error(f"{args.bundle!r} is not a bundle (no manifest.json): expected a directory "
+                f"written by vit-deploy export")
     manifest = json.loads((bundle / "manifest.json").read_text())
     engines = [e for e in args.engines.split(",") if e]
     for e in list(engines):
@@ -239,7 +242,9 @@ def main() -> None:
             print(f"skipping {e}: {why}", file=sys.stderr)
             engines.remove(e)
     threads = args.threads or os.cpu_count()
-    peaks = {k: _spawn(args, f"peak:{k}", 0, 0, 1)["gops"] for k in ("fp32", "int8")}
+    peaks = {k: (_spawn(args, f"peak:{k}", 0, 0, 1) or {}).get("gops") for k in ("fp32", "int8")}
+    if None in peaks.values():
+        raise SystemExit("error: the matmul peaks could not be measured (see above)")
     report = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": _cpu_name(), "threads": threads,
               "peak_gops": {k: round(v, 1) for k, v in peaks.items()}, "rounds": args.rounds,
               "runs": args.runs, "results": {}}
@@ -259,7 +264,7 @@ def main() -> None:
                 for engine in order:
                     out = _spawn(args, engine, h, w, batch)
                     if out:
-                        rounds[engine].append(out)
+                        rounds[engine].append(out | {"round": r})
             key = f"{h}x{w} batch {batch}"
             report["results"][key] = _table(rounds, ops, peaks, batch, key, args.rounds)
             report["results"][key]["thread_scaling"] = scaling
@@ -282,7 +287,7 @@ def _table(rounds: dict[str, list[dict]], ops: dict[str, float], peaks: dict[str
     # int8 floor: linear layers at the int8 peak, the rest (attention, embedding) at fp32's
     floor_int8 = (ops["linear"] / (peaks["int8"] * 1e9) + (total / batch - ops["linear"]) /
                   (peaks["fp32"] * 1e9)) * batch * 1000
-    torch_ms = {i: r["median_ms"] for i, r in enumerate(rounds.get("torch", []))}
+    torch_ms = {o["round"]: o["median_ms"] for o in rounds.get("torch", [])}
     print(f"\n{key}: {total / 1e9:.1f} GOP; floor fp32 {floor_fp32:.1f} ms, "
           f"int8 (linear layers in int8) {floor_int8:.1f} ms")
     print(f"| engine | what ran | median ms | spread ({n_rounds} processes) | each process | "
@@ -293,7 +298,7 @@ def _table(rounds: dict[str, list[dict]], ops: dict[str, float], peaks: dict[str
         if not outs:
             continue
         ms = [o["median_ms"] for o in outs]
-        ratios = [o["median_ms"] / torch_ms[i] for i, o in enumerate(outs) if i in torch_ms]
+        ratios = [o["median_ms"] / torch_ms[o["round"]] for o in outs if o["round"] in torch_ms]
         med = statistics.median(ms)
         floor = floor_int8 if "int8" in engine else floor_fp32  # name ort-file graphs *int8*
         row = {"engine": outs[0]["engine"], "median_ms": med, "min_ms": min(ms),
