@@ -97,7 +97,9 @@ def quantize_model(src: str | Path, dst: str | Path, *, precision: str,
                          f"{list(layers)[:4]} ...")
     chosen = {p: n for p, n in layers.items() if p not in options.exclude}
     if "head" in chosen and precision in ("int8", "int4"):
-        _gemm_to_matmul(model, chosen["head"])  # ORT quantises MatMul dynamically, not Gemm
+        # ORT quantises MatMul dynamically, not Gemm. int8-static keeps the Gemm (ORT runs
+        # it as QGemm); as MatMul + Add, ORT's optimiser fuses them back into a float Gemm
+        _gemm_to_matmul(model, chosen["head"])
     kept = [p for p in linear_layers(model) if p not in chosen]
     recipe: dict[str, Any] = {"precision": precision, "quantised_layers": list(chosen),
                               "kept_float_layers": kept}
@@ -106,9 +108,6 @@ def quantize_model(src: str | Path, dst: str | Path, *, precision: str,
         onnx.save(model, str(src_tmp))
         if precision == "int8":
             _int8_dynamic(src_tmp, out_tmp, list(chosen.values()), options)
-            if options.fuse_gelu:
-                fused = fuse_gelu(out_tmp)
-                recipe["gelu"] = f"{fused} GELU subgraphs fused into com.microsoft.Gelu (exact)"
             recipe.update(kind="dynamic", weights="int8 per-channel" if options.per_channel
                           else "int8 per-tensor", activations="uint8, quantised at run time",
                           reduce_range=options.reduce_range)
@@ -116,9 +115,6 @@ def quantize_model(src: str | Path, dst: str | Path, *, precision: str,
             if not calibration:
                 raise ValueError("int8-static needs calibration images (--calib)")
             _int8_static(src_tmp, out_tmp, list(chosen.values()), options, calibration)
-            if options.fuse_gelu:
-                fused = fuse_gelu(out_tmp)
-                recipe["gelu"] = f"{fused} GELU subgraphs fused into com.microsoft.Gelu (exact)"
             recipe.update(kind="static QDQ", weights="int8 per-channel" if options.per_channel
                           else "int8 per-tensor", activations="int8",
                           quantised_outputs=False,
@@ -135,6 +131,9 @@ def quantize_model(src: str | Path, dst: str | Path, *, precision: str,
             recipe.update(quantised_layers=[], kept_float_layers=[],
                           kind="float16 weights and compute", io="float32",
                           kept_fp32_ops=list(options.fp16_keep_fp32))
+        if precision in ("int8", "int8-static") and options.fuse_gelu:  # CPU precisions
+            fused = fuse_gelu(out_tmp)
+            recipe["gelu"] = f"{fused} GELU subgraphs fused into com.microsoft.Gelu (exact)"
         out = onnx.load(str(out_tmp))
     out.ir_version = IR_VERSION
     del out.metadata_props[:]
