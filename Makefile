@@ -4,12 +4,13 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 WEB_STAMP := web/node_modules/.installed
+SYSTEM_STAMP := $(VENV)/.system-packages
 
 ARGS ?= --patch 16 --res 448
 
 .PHONY: setup export test gpu-check clean
 
-setup: $(STAMP) $(WEB_STAMP)
+setup: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,20 +25,27 @@ export: $(STAMP)
 
 # The JavaScript runtime's packages (onnxruntime-web / -node, pinned by the lockfile; the
 # CUDA download of onnxruntime-node needs a network, so it is skipped: its CPU binding is in
-# the package) and Debian's Chromium for the browser test (installed where apt-get is
-# usable; the test fails, never skips, without it).
+# the package).
 $(WEB_STAMP): web/package.json web/package-lock.json
 	cd web && ONNXRUNTIME_NODE_INSTALL=skip npm ci --no-audit --no-fund --loglevel=error
-	@command -v chromium >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
-	  else echo "warning: chromium is missing and cannot be installed here (apt-get as root);" \
-	    "the browser test will fail" >&2; fi; }
 	touch $(WEB_STAMP)
+
+# Debian's packages the tests run: chromium (the browser test) and qemu-user (int8 on an
+# emulated x86 CPU with AVX2 only, whatever CPU runs the tests). Installed where apt-get is
+# usable as root; elsewhere the tests that need them fail, never skip.
+$(SYSTEM_STAMP): Makefile | $(STAMP)
+	@missing=""; command -v chromium >/dev/null || missing="chromium"; \
+	command -v qemu-x86_64 >/dev/null || missing="$$missing qemu-user"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  else echo "warning: $$missing missing and cannot be installed here (apt-get as root);" \
+	    "the tests that need them will fail" >&2; fi; fi
+	touch $(SYSTEM_STAMP)
 
 ## test: the whole test suite, on two workers (one file per worker at a time: module
 ## fixtures are built once); 9 min on one worker, 7 on two, on 2 cores
-test: $(STAMP) $(WEB_STAMP)
+test: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 ## gpu-check OUT=dir: on a CUDA machine, check and bench cuda / tensorrt, reports into OUT

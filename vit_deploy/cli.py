@@ -97,6 +97,11 @@ def _quant_options(func):
                      "of two)."),
         click.option("--exclude", default="", help="Linear layers kept float, by module path "
                      "(comma-separated, e.g. blocks.3.mlp.fc2)."),
+        click.option("--int8-cpu", type=click.Choice(["any", "vnni"]), default="any",
+                     show_default=True, help="CPUs the int8 files must be exact on. any: "
+                     "7-bit weights, exact everywhere; vnni: 8-bit weights, for x86 with "
+                     "AVX-512 VNNI / AVX-VNNI / AMX or ARM64 only (x86 with AVX2 only "
+                     "saturates them; the runtime warns there)."),
         click.option("--float-head", is_flag=True, help="Keep the classifier head float "
                      "(it is quantised by default: measured harmless)."),
         click.option("--max-drop", type=click.FloatRange(min=0), default=None,
@@ -291,14 +296,15 @@ def quantize(bundle: Path, precisions: tuple[str, ...], force: bool, quiet: bool
 def _add_precisions(bundle: Path, precisions: tuple[str, ...], *, force: bool, quiet: bool,
                     calib: str | None, calib_method: str, calib_samples: int, block_size: int,
                     exclude: str, float_head: bool, max_drop: float | None,
-                    eval_set: str | None) -> None:
+                    eval_set: str | None, int8_cpu: str) -> None:
     from vit_deploy.precisions import PrecisionOptions, add_precisions, calibration_batches
     from vit_deploy.progress import steps
     from vit_deploy.quantize import QuantOptions
     from vit_deploy.runtime.manifest import load_manifest
 
     quant = QuantOptions(exclude=tuple(e.strip() for e in exclude.split(",") if e.strip()),
-                         calibration=calib_method, block_size=block_size, head=not float_head)
+                         calibration=calib_method, block_size=block_size, head=not float_head,
+                         cpu=int8_cpu)
     options = PrecisionOptions(quant=quant, max_drop=max_drop, force=force, eval_set=eval_set)
     calibration = (calibration_batches(load_manifest(bundle), calib, limit=calib_samples)
                    if calib and "int8-static" in precisions else None)

@@ -22,6 +22,7 @@ import onnx
 
 from vit_deploy.atomic import write_bytes_atomic
 from vit_deploy.contract import INPUT_NAME, IR_VERSION, METADATA_LINEARS_KEY, PRECISIONS
+from vit_deploy.runtime.cpu import ANY_CPU, INT8_CPUS, REQUIREMENT_TEXT
 
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 FP16_KEEP_FP32 = ("LayerNormalization", "Softmax", "Resize")  # overflow / precision-sensitive
@@ -35,7 +36,11 @@ class QuantizeError(RuntimeError):
 class QuantOptions:
     exclude: tuple[str, ...] = ()  # module paths kept float, e.g. ("blocks.3.mlp.fc2",)
     per_channel: bool = True
-    reduce_range: bool = False  # False measured right on VNNI CPUs (DESIGN.md)
+    # The CPUs an int8 file must be exact on (runtime/cpu.py). "any": 7-bit weights
+    # (ORT's reduce_range), exact on every CPU; "vnni": 8-bit weights, which saturate the
+    # 16-bit sums of x86 CPUs with AVX2 only (factorized-mean test model: cosine 0.92 there
+    # vs 0.9999 on AMX). The recipe records it; the runtime warns on a CPU that lacks it.
+    cpu: str = ANY_CPU
     calibration: str = "minmax"  # int8-static: minmax | entropy | percentile
     percentile: float = 99.999
     block_size: int = 32  # int4: weights per quantisation block
@@ -46,10 +51,17 @@ class QuantOptions:
     fuse_gelu: bool = True
     fp16_keep_fp32: tuple[str, ...] = FP16_KEEP_FP32
 
+    @property
+    def reduce_range(self) -> bool:
+        """7-bit weights: what keeps the u8 x s8 pair sums of AVX2 kernels in 16 bits."""
+        return self.cpu == ANY_CPU
+
     def __post_init__(self) -> None:
         if self.calibration not in CALIBRATION_METHODS:
             raise ValueError(f"calibration must be one of {CALIBRATION_METHODS}, got "
                              f"{self.calibration!r}")
+        if self.cpu not in INT8_CPUS:
+            raise ValueError(f"int8 CPU must be one of {INT8_CPUS}, got {self.cpu!r}")
         if self.block_size < 16 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two >= 16, got {self.block_size}")
 
@@ -108,15 +120,14 @@ def quantize_model(src: str | Path, dst: str | Path, *, precision: str,
         onnx.save(model, str(src_tmp))
         if precision == "int8":
             _int8_dynamic(src_tmp, out_tmp, list(chosen.values()), options)
-            recipe.update(kind="dynamic", weights="int8 per-channel" if options.per_channel
-                          else "int8 per-tensor", activations="uint8, quantised at run time",
-                          reduce_range=options.reduce_range)
+            recipe.update(kind="dynamic", weights=_weights_text(options),
+                          activations="uint8, quantised at run time", **_cpu_record(options))
         elif precision == "int8-static":
             if not calibration:
                 raise ValueError("int8-static needs calibration images (--calib)")
             _int8_static(src_tmp, out_tmp, list(chosen.values()), options, calibration)
-            recipe.update(kind="static QDQ", weights="int8 per-channel" if options.per_channel
-                          else "int8 per-tensor", activations="int8",
+            recipe.update(kind="static QDQ", weights=_weights_text(options), activations="int8",
+                          **_cpu_record(options),
                           quantised_outputs=False,
                           calibration=options.calibration, calibration_images=int(
                               sum(len(c) for c in calibration)))
@@ -147,6 +158,17 @@ def quantize_model(src: str | Path, dst: str | Path, *, precision: str,
         if precision != "fp16" else list(options.fp16_keep_fp32)
     recipe["nodes"] = len(out.graph.node)
     return QuantResult(write_bytes_atomic(dst, out.SerializeToString()), precision, recipe)
+
+
+def _weights_text(options: QuantOptions) -> str:
+    return (f"int8 per-{'channel' if options.per_channel else 'tensor'}, "
+            f"{7 if options.reduce_range else 8}-bit range")
+
+
+def _cpu_record(options: QuantOptions) -> dict[str, Any]:
+    """What the manifest records of an int8 file's CPU needs (`Manifest.int8_cpu`)."""
+    return {"reduce_range": options.reduce_range, "cpu": options.cpu,
+            "cpu_needs": REQUIREMENT_TEXT[options.cpu]}
 
 
 def _clean(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -24,6 +24,7 @@ from vit_deploy.config import ViTConfig
 from vit_deploy.contract import (BUCKET_POLICIES, BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION,
                                  INTERPOLATIONS, MANIFEST_NAME, PRECISIONS, RESIZE_RULES,
                                  TARGETS, WEIGHTS_ROLE, model_role)
+from vit_deploy.runtime.cpu import ANY_CPU, INT8_CPUS, VNNI_CPU
 from vit_deploy.sizes import MAX_SIDE, format_resolution, require_patch_multiple
 
 MAX_MANIFEST_BYTES = 16 * 2**20  # ours are ~10 KB; a manifest is read whole before parsing
@@ -223,6 +224,18 @@ class Manifest:
     def batch_coupled(self, precision: str) -> bool:
         """Whether the precision quantises activations per batch (dynamic int8)."""
         return self.recipe(precision).get("kind") == "dynamic"
+
+    def int8_cpu(self, precision: str) -> str | None:
+        """The CPUs the precision's int8 file is exact on (runtime/cpu.py): 'any', 'vnni',
+        or None for a precision that is not int8. Files written before the recipe said so
+        have 8-bit weights unless they record reduce_range."""
+        recipe = self.recipe(precision)
+        if recipe.get("kind") not in ("dynamic", "static QDQ"):
+            return None
+        cpu = recipe.get("cpu")
+        if cpu in INT8_CPUS:
+            return cpu
+        return ANY_CPU if cpu is None and recipe.get("reduce_range") is True else VNNI_CPU
 
     def owned_files(self) -> list[str]:
         """Every file the bundle wrote: the listed ones and the manifest itself."""
@@ -595,6 +608,7 @@ class BundleSummary:
             lines.append(f"onnxsim: {simp.get('nodes_before')} -> {simp.get('nodes_after', '?')} "
                          f"nodes, {'kept' if simp.get('kept') else 'discarded'}")
         lines += _parity_line(m.parity)
+        lines += _int8_cpu_lines(m)
         if "total_s" in m.export:
             lines.append(f"export took {m.export['total_s']} s (torch.onnx.export "
                          f"{m.export.get('export_s', '?')} s)")
@@ -631,6 +645,21 @@ def mobile_lines(check: Any) -> list[str]:
             except (KeyError, TypeError):
                 continue
     return out
+
+
+def _int8_cpu_lines(m: Manifest) -> list[str]:
+    """Per int8 precision: the CPUs it is exact on, and whether this one is."""
+    from vit_deploy.runtime.cpu import REQUIREMENT_TEXT, int8_kernel, meets
+
+    lines = []
+    for precision in m.models:
+        need = m.int8_cpu(precision)
+        if need is not None:
+            ok = meets(need)
+            lines.append(f"{precision}: exact on {REQUIREMENT_TEXT[need]}; this CPU: "
+                         f"{int8_kernel()}" + ("" if ok else " - NOT exact here" if ok is False
+                                               else " - cannot tell"))
+    return lines
 
 
 def _parity_line(parity: Mapping[str, Any]) -> list[str]:

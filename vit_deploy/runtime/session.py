@@ -16,6 +16,7 @@ import onnxruntime as ort
 from vit_deploy.config import ViTConfig
 from vit_deploy.contract import FEATURES_NAME, LOGITS_NAME, METADATA_CONFIG_KEY, PATCH_TOKENS_NAME
 from vit_deploy.runtime.buckets import BucketRunner, resolve_target
+from vit_deploy.runtime.cpu import int8_warning
 from vit_deploy.runtime.graph_cache import OptimizedGraphCache
 from vit_deploy.runtime.manifest import BundleError, Manifest, load_manifest
 from vit_deploy.runtime.model_scan import inspect_model
@@ -124,6 +125,11 @@ class ViTSession:
         self._session, self.fallback_reason, self.cache_hit = _create_session(
             self.model_path, self.requested, options, fallback)
         self.providers: list[str] = self._session.get_providers()
+        # int8 with 8-bit weights saturates on x86 CPUs with AVX2 only (runtime/cpu.py)
+        self.cpu_warning = int8_warning(self.manifest.int8_cpu(precision) if self.manifest
+                                        else None, self.providers[0])
+        if self.cpu_warning:
+            warnings.warn(self.cpu_warning, RuntimeWarning, stacklevel=2)
         self.config: ViTConfig | None = (self.manifest.config if self.manifest
                                          else _config_from_metadata(self._session))
         self.patch_size: int | None = self.config.patch_size if self.config else None
