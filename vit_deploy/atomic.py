@@ -17,6 +17,9 @@ One mechanism serves every command that writes a directory (`export`, `quantize`
   `.NAME.tmp-XXXXXXXX` beside it, made by `staging_directory` under the lock, so a free
   lock means its writer is dead). Readers call `recover_on_open` where they open a bundle:
   only when a killed writer left something, and never while a writer holds the lock.
+- **Outputs never clobber inputs.** `refuse_clobber` is the one check every command runs
+  on the paths it writes that the user named: not inside a bundle it reads, not the same
+  file as an input (symlinks resolved, hard links compared by device and inode).
 - **Symlinks** are resolved first: writing through a link updates its target.
 
 Torch-free.
@@ -32,7 +35,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from vit_deploy.contract import MANIFEST_NAME
@@ -50,6 +53,10 @@ class OutputExistsError(FileExistsError):
 
 class BusyError(RuntimeError):
     """Another process is writing the same directory."""
+
+
+class ClobberError(OutputExistsError):
+    """An output path points into a bundle the command reads or at one of its inputs."""
 
 
 # -- ownership -------------------------------------------------------------------------
@@ -94,6 +101,65 @@ def repository_record(root: Path, source: str) -> dict:
             "files": files}
 
 
+def refuse_clobber(output: str | os.PathLike, *, option: str,
+                   bundles: Iterable[str | os.PathLike] = (),
+                   inputs: Iterable[str | os.PathLike] = ()) -> None:
+    """Refuse an output path the user named that would overwrite what the command reads:
+    a path inside a bundle it reads (or the bundle itself, or a folder holding it), or the
+    same file as one of its inputs. Symlinks are resolved; an existing output is compared
+    by device and inode too (a hard link, or another spelling on a case-insensitive file
+    system). `bundles` may name a bare .onnx file: it counts as an input. ClobberError
+    (a usage error) naming the input otherwise."""
+    out = Path(os.path.realpath(output))
+    out_stat = _stat(out)
+    # the output's folders that exist, innermost first (by inode: spelling does not matter)
+    folders = [s for s in map(_stat, out.parents) if s is not None]
+    for bundle in bundles:
+        root = Path(os.path.realpath(bundle))
+        root_stat = _stat(root)
+        if root_stat is None:
+            continue  # nothing there to overwrite (the command will say it is missing)
+        if not os.path.isdir(root):
+            inputs = [*inputs, root]
+            continue
+        inside = any(os.path.samestat(root_stat, s) for s in folders)
+        if out == root or (out_stat is not None and os.path.samestat(out_stat, root_stat)) \
+                or inside or root in out.parents:
+            raise ClobberError(f"{option} {str(output)!r} is inside the bundle {str(bundle)!r} "
+                               f"that this command reads; write it outside the bundle")
+        if out in root.parents:
+            raise ClobberError(f"{option} {str(output)!r} is a folder holding the bundle "
+                               f"{str(bundle)!r} that this command reads; choose another path")
+        if out_stat is not None and not os.path.isdir(out):
+            for path in _files(root):  # a hard link to one of the bundle's files
+                if os.path.samestat(out_stat, path.lstat()):
+                    raise ClobberError(f"{option} {str(output)!r} is the same file as "
+                                       f"{str(path)!r} in the bundle {str(bundle)!r} (a hard "
+                                       f"link); writing it would replace the bundle's file")
+    for source in inputs:
+        src = Path(os.path.realpath(source))
+        src_stat = _stat(src)
+        if out == src or (out_stat is not None and src_stat is not None
+                          and os.path.samestat(out_stat, src_stat)):
+            how = ("" if os.path.abspath(output) == os.path.abspath(source)
+                   else " under another name (a link)")
+            raise ClobberError(f"{option} {str(output)!r} is the input {str(source)!r}{how}; "
+                               f"writing it would replace that input; choose another path")
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _files(root: Path) -> Iterator[Path]:
+    for folder, _dirs, names in os.walk(root):
+        for name in names:
+            yield Path(folder) / name
+
+
 def claim_destination(dst: str | os.PathLike, *, force: bool,
                       source: str | os.PathLike | None = None) -> set[str] | None:
     """Refuse a destination we may not write; returns the files of ours it holds (None: it
@@ -104,10 +170,7 @@ def claim_destination(dst: str | os.PathLike, *, force: bool,
         raise OutputExistsError(f"output {str(dst)!r} is the current directory or one of its "
                                 f"parents; choose a new directory to write into")
     if source is not None:
-        src = Path(os.path.realpath(source))
-        if dst == src or dst in src.parents:
-            raise OutputExistsError(f"output {str(dst)!r} is the bundle {str(src)!r} itself or a "
-                                    f"directory holding it; choose another --out")
+        refuse_clobber(dst, option="--out", bundles=[source])
     if not os.path.lexists(dst):
         return None
     if not dst.is_dir():
