@@ -24,7 +24,7 @@ from vit_deploy.contract import MANIFEST_NAME, MODEL_FILE
 from vit_deploy.export.bundle import ExportOptions, export_bundle
 from vit_deploy.parity import sample_inputs
 from vit_deploy.runtime import BundleError, InputError, ViTSession
-from vit_deploy.runtime.manifest import FileEntry
+from vit_deploy.runtime.manifest import FileEntry, load_manifest
 
 
 def _rss_mb() -> float:
@@ -96,6 +96,9 @@ def test_sigkill_during_export_leaves_nothing_partial(tmp_path, previous, make_t
             assert s.run(sample_inputs((8, 8), 1)).shape == (1, 10)
     else:
         assert not out.exists()
+        with pytest.raises(BundleError, match="not a directory"):  # opening it ...
+            load_manifest(out)
+    assert not list(tmp_path.glob(".bundle.*"))  # ... removed the dead writer's staging
 
 
 @pytest.mark.parametrize("error", [errno.ENOSPC, errno.EROFS])

@@ -163,6 +163,17 @@ class _Main(click.Group):
             raise
 
 
+def _refuse_clobber(outputs: dict[str, Path | None], *, bundles: Any = (),
+                    inputs: Any = ()) -> None:
+    """Each output file the user named (option -> path) must not land in a bundle the
+    command reads or on one of its inputs (`atomic.refuse_clobber`: exit 2 naming it)."""
+    from vit_deploy.atomic import refuse_clobber
+
+    for option, path in outputs.items():
+        if path is not None:
+            refuse_clobber(path, option=option, bundles=bundles, inputs=inputs)
+
+
 def _fail(code: int, message: str) -> None:
     click.echo(f"Error: {message}", err=True)
     sys.exit(code)
@@ -372,6 +383,8 @@ def bench(bundle: Path | None, providers: str, precisions: tuple[str, ...],
     from vit_deploy.bench import BenchOptions, compare_reports, plot, run_bench, within_budget
     from vit_deploy.runtime.manifest import dumps_strict
 
+    _refuse_clobber({"--json": json_out, "--csv": csv_out, "--plot": plot_out},
+                    bundles=[bundle] if bundle else [], inputs=compare)
     console = _console()
     if compare:
         console.print(compare_reports(compare))
@@ -439,6 +452,8 @@ def check(bundle: Path, providers: str, precisions: tuple[str, ...] | None,
     from vit_deploy.atomic import write_bytes_atomic
     from vit_deploy.check import CheckOptions, run_check
     from vit_deploy.progress import steps
+
+    _refuse_clobber({"--json": json_out, "--markdown": md_out}, bundles=[bundle])
 
     options = CheckOptions(providers=tuple(p for p in providers.split(",") if p.strip()),
                            precisions=precisions or (), resolutions=resolutions or (),
@@ -641,6 +656,7 @@ def predict(bundle: Path, images: tuple[Path, ...], provider: str, fallback: boo
     from vit_deploy.runtime.manifest import dumps_strict
     from vit_deploy.runtime.providers import short_name
 
+    _refuse_clobber({"--features": features_file}, bundles=[bundle], inputs=images)
     if features_file is not None and features_file.exists() and not force:
         raise click.BadParameter(f"{features_file} exists; pass --force to replace it",
                                  param_hint="--features")
@@ -744,6 +760,7 @@ def sweep(checkpoint: Path, patches: str | None, merges: str, precisions: tuple[
     from vit_deploy.progress import steps
     from vit_deploy.sweep import SweepOptions, parse_list, run_sweep
 
+    _refuse_clobber({"--json": json_out, "--plot": plot_out}, bundles=[checkpoint])
     options = SweepOptions(patches=parse_list(patches, int), merges=parse_list(merges) or ("0",),
                            precisions=precisions, resolution=resolution,
                            eval_set=None if eval_set == "none" else eval_set, rounds=rounds,

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from vit_deploy.atomic import atomic_directory, link_or_copy, writer_lock
+from vit_deploy.atomic import atomic_directory, link_or_copy, staging_directory, writer_lock
 from vit_deploy.contract import ACCURACY_MAX_DROP, PRECISION_FILES, PRECISIONS, model_role, tolerance_class
 from vit_deploy.parity import ParityReport, compare, sample_inputs
 from vit_deploy.progress import Progress, silent
@@ -199,7 +199,7 @@ def _add_precisions(bundle: Path, precisions: Sequence[str], *, options: Precisi
     log("running the fp32 reference")
     evaluator = Evaluator(bundle, manifest, eval_set=options.eval_set)
     results: list[PrecisionResult] = []
-    with tempfile.TemporaryDirectory(dir=bundle.parent, prefix=f".{bundle.name}.q-") as tmp:
+    with staging_directory(bundle) as tmp:  # removed by the next opener if killed
         for precision in wanted:
             log(f"{precision}: quantising")
             quant = options.quant

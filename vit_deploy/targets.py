@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from vit_deploy.atomic import atomic_directory, link_or_copy, writer_lock
+from vit_deploy.atomic import atomic_directory, link_or_copy, staging_directory, writer_lock
 from vit_deploy.contract import BUCKET_POLICIES, TARGETS, TARGETS_DIR
 from vit_deploy.outputs import OutputSelection
 from vit_deploy.parity import ParityReport, batch_independence, compare, sample_inputs
@@ -195,7 +195,7 @@ def _add_target(bundle: Path, options: TargetOptions, log: Progress) -> TargetRe
     record: dict[str, Any] = {"policy_doc": "nearest aspect ratio (log H/W), then the smallest "
                               "bucket at least the image's area (else the largest); resize to "
                               "cover and centre-crop", "precisions": precisions}
-    with tempfile.TemporaryDirectory(dir=bundle.parent, prefix=f".{bundle.name}.t-") as tmp:
+    with staging_directory(bundle) as tmp:  # removed by the next opener if killed
         stage = Path(tmp)
         (stage / folder).mkdir(parents=True)
         for hw in options.buckets:

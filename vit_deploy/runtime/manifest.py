@@ -380,6 +380,9 @@ class Manifest:
 
 def load_manifest(bundle: str | Path, *, verify: bool = True) -> Manifest:
     """Read `bundle/manifest.json`; with `verify`, check every listed file's size and sha256."""
+    from vit_deploy.atomic import recover_on_open  # torch-free; imports this module
+
+    recover_on_open(bundle)  # a writer killed mid-swap: finish or undo it, drop its staging
     root = Path(bundle)
     path = root / MANIFEST_NAME
     if not root.is_dir():

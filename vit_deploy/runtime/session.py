@@ -106,7 +106,10 @@ class ViTSession:
     def __init__(self, model: str | Path, *, provider: ProviderSpec | Sequence[ProviderSpec] = "cpu",
                  precision: str = "fp32", fallback: bool = False,
                  options: RuntimeOptions = RuntimeOptions(), target: str | None = "auto"):
+        from vit_deploy.atomic import recover_on_open
+
         path = Path(model)
+        recover_on_open(path)  # before is_dir: a writer killed mid-swap may have moved it aside
         self.options = options
         self.manifest: Manifest | None = None
         if path.is_dir():
