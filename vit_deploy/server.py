@@ -26,7 +26,8 @@ Hostile clients meet `Limits` (one frozen dataclass, carried by the app to `serv
 - connections: the request line and headers must arrive within `header_timeout_s` (from
   the connection, or from the previous answer on a kept-alive one), a body within
   `body_timeout_s` of its headers, else 408 and the connection closes; at most
-  `max_connections` are open (default: under the process's descriptor limit), and a new
+  `max_connections` are open (default: under the process's descriptor limit, with
+  room for what asyncio accepts at once), and a new
   one past that closes the oldest one that is not being answered (idle, or half-open);
 - memory: sizes are checked from what is declared before anything is read or decoded
   (Content-Length, image dimensions from the image header, tensor shapes x datatype
@@ -101,7 +102,7 @@ TIMED_OUT = "vit_deploy.timed_out"  # set in the ASGI scope when the server clos
 @dataclass(frozen=True, kw_only=True)
 class Limits:
     """What one client may cost the server. Timeouts in seconds; `max_connections` None:
-    from the descriptor limit (`connection_limit()`)."""
+    from the descriptor limit (`connection_plan()`)."""
 
     header_timeout_s: float = 10.0  # request line + headers, from connect or the last answer
     body_timeout_s: float = 60.0  # the whole body, from its headers (64 MB at ~1 MB/s)
@@ -127,15 +128,20 @@ class Limits:
                              f"max_image_bytes {self.max_image_bytes})")
 
 
-def connection_limit(limits: Limits) -> int:
-    """`limits.max_connections`, or what the descriptor limit leaves: the soft RLIMIT_NOFILE
-    less a reserve for the model, logs, pipes and the event loop (at most 4096)."""
-    if limits.max_connections is not None:
-        return limits.max_connections
+def connection_plan(limits: Limits) -> tuple[int, int]:
+    """(connections, accept backlog) that fit the process's descriptor limit (soft
+    RLIMIT_NOFILE). asyncio accepts up to `backlog` connections per loop pass, and a new
+    connection reaches the limit (connection_made) two or three passes later, so three
+    backlogs must fit beside the connections: backlog an eighth of the descriptors (16 to
+    2048), connections what is left less 32 for the model, logs, pipes and the event loop
+    (at most 4096), or `limits.max_connections` if given."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
-        return 4096
-    return max(8, min(4096, soft - max(32, soft // 8)))
+        soft = 1 << 20
+    backlog = max(16, min(2048, soft // 8))
+    if limits.max_connections is not None:
+        return limits.max_connections, backlog
+    return max(8, min(4096, soft - 3 * backlog - 32)), backlog
 
 
 class Failure(Exception):
@@ -857,6 +863,11 @@ def _json_tensor(name: str, data: Any, shape: list[int], dtype: np.dtype,
     if count != need:
         raise _bad(f"input {name!r}: data holds {count} values, shape {_shape_text(shape)} "
                    f"needs {need}")
+    i = spans.ref(data)
+    if i is not None:  # one flat array of numbers (what tritonclient sends): no copy
+        values = spans.parse(i, dtype)
+        if values is not None and len(values) == need:
+            return values.reshape(shape)
     out = np.empty(need, dtype)
     with np.errstate(over="ignore", invalid="ignore"):
         _fill(name, data, spans, out, 0)
@@ -939,8 +950,10 @@ def parse_infer_request(body: bytes, header_length: str | None, model: V2Model, 
             raise _bad(f"input {name!r} is given twice")
         spec = specs[name]
         if item.get("datatype") != spec.datatype:
-            raise _bad(f"input {name!r} has datatype {_json_type(item.get('datatype'))}; the "
-                       f"model takes the string {spec.datatype!r}")
+            given = item.get("datatype")
+            given = repr(given) if isinstance(given, str) else _json_type(given)
+            raise _bad(f"input {name!r} has datatype {given}; the model takes "
+                       f"{spec.datatype}")
         shape = item.get("shape")
         if not (isinstance(shape, list) and all(
                 isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
@@ -1517,11 +1530,12 @@ def serve(app: Any, host: str, port: int, *, on_ready: Callable[[str], None],
     sock = bind(host, port)
     try:
         limits = limits or getattr(getattr(app, "state", None), "limits", None) or Limits()
+        connections, backlog = connection_plan(limits)
         protocol = type("Protocol", (GuardedH11Protocol,), {
-            "limits": limits, "registry": _Connections(connection_limit(limits))})
+            "limits": limits, "registry": _Connections(connections)})
         on_ready(url_of(sock, host))
         server = uvicorn.Server(uvicorn.Config(
-            app, log_level=log_level, lifespan="on", http=protocol,
+            app, log_level=log_level, lifespan="on", http=protocol, backlog=backlog,
             timeout_keep_alive=limits.keep_alive_s,
             timeout_graceful_shutdown=limits.shutdown_grace_s))
         with _quiet_floods():
