@@ -321,6 +321,7 @@ def _fake_site(root: Path) -> Path:
     (site / "vit-deploy.mjs").write_text("export {};")
     (site / "bundle" / "model.onnx").write_bytes(b"\x08\x07model")
     (site / "bundle" / "sub" / "weights.data").write_bytes(b"weights")
+    (site / "bundle" / "manifest.json").write_text("{}")  # written by write_site, not listed
     (site / "listed-link.txt").write_text("will become a symlink")
     (site / "manifest.json").write_text(json.dumps(repository_record(site, "bundle")))
     # After the manifest: none of these is listed.
@@ -365,13 +366,14 @@ def _get(port: int, raw_path: str) -> tuple[int, bytes]:
 SERVED = {"/": b"<html>page</html>", "/index.html": b"<html>page</html>",
           "/vit-deploy.mjs": b"export {};", "/bundle/model.onnx": b"\x08\x07model",
           "/bundle/sub/weights.data": b"weights", "/bundle/./model.onnx": b"\x08\x07model",
+          "/bundle/manifest.json": b"{}",
           "/index.html?v=2": b"<html>page</html>", "/bundle/%6Dodel.onnx": b"\x08\x07model"}
 NOT_SERVED = ["/.env", "/.git/config", "/.git/", "/unlisted.txt", "/home/secret.txt",
               "/home/site/index.html", "/outside.txt", "/listed-link.txt", "/manifest.json",
               "/../secret.txt", "/bundle/../../secret.txt", "/%2e%2e/secret.txt",
               "/%2e%65nv", "//etc/passwd", "/bundle", "/bundle/", "/bundle/sub/",
               "/index.html%00.txt", "/site/index.html", "/nonexistent.js",
-              "/bundle/model.onnx/"]
+              "/bundle/model.onnx/", "/bundle/sub/manifest.json"]
 
 
 def test_preview_serves_only_the_files_the_site_lists(tmp_path):

@@ -243,7 +243,9 @@ def site_files(root: str | Path) -> frozenset[str]:
     if not isinstance(files, dict) or PAGE not in files:
         raise FileNotFoundError(f"{str(root / MANIFEST_NAME)!r} lists no files (expected "
                                 f"{PAGE} among them): {what}")
-    return frozenset(files)
+    # The bundle's own manifest.json is written by write_site but not listed: the record
+    # leaves every file named manifest.json out (it is the record's own name).
+    return frozenset(files) | {f"{BUNDLE_DIR}/{MANIFEST_NAME}"}
 
 
 class SiteHandler(SimpleHTTPRequestHandler):
