@@ -322,7 +322,7 @@ def _raw_cases():
     yield "binary data without the header length", header + tail, {}, 400, "not valid JSON"
     yield "data not numbers", _json({"inputs": [_inp(data=["a"] * 192)]}), {}, 400, \
         "only numbers"
-    yield "data booleans", _json({"inputs": [_inp(data=[True] * 192)]}), {}, 400, "booleans"
+    yield "data booleans", _json({"inputs": [_inp(data=[True] * 192)]}), {}, 400, "got a boolean"
     yield "data ragged", _json({"inputs": [_inp(data=[[1.0, 2.0], [3.0]])]}), {}, 400, "ragged"
     yield "data too short", _json({"inputs": [_inp(data=[0.5] * 191)]}), {}, 400, \
         "holds 191 values"

@@ -9,13 +9,16 @@ Run as a script, this file writes the Node tests' fixtures: `python tests/test_w
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from dataclasses import asdict
 from pathlib import Path
@@ -301,6 +304,139 @@ def test_preview_server_sends_isolation_headers_and_mime_types(fixtures, tmp_pat
         finally:
             server.shutdown()
             server.server_close()
+
+
+# -- the preview server against hostile requests -----------------------------------------------
+
+
+def _fake_site(root: Path) -> Path:
+    """A site as write_site leaves it (its manifest lists its files), plus what a site
+    directory may also hold and must never be served: dotfiles, an unlisted file, symlinks."""
+    from vit_deploy.atomic import repository_record
+    from vit_deploy.web import PAGE
+
+    site = root / "site"
+    (site / "bundle" / "sub").mkdir(parents=True)
+    (site / PAGE).write_text("<html>page</html>")
+    (site / "vit-deploy.mjs").write_text("export {};")
+    (site / "bundle" / "model.onnx").write_bytes(b"\x08\x07model")
+    (site / "bundle" / "sub" / "weights.data").write_bytes(b"weights")
+    (site / "bundle" / "manifest.json").write_text("{}")  # written by write_site, not listed
+    (site / "listed-link.txt").write_text("will become a symlink")
+    (site / "manifest.json").write_text(json.dumps(repository_record(site, "bundle")))
+    # After the manifest: none of these is listed.
+    (root / "secret.txt").write_text("outside")
+    (site / ".env").write_text("TOKEN=secret")
+    (site / ".git").mkdir()
+    (site / ".git" / "config").write_text("[core]")
+    (site / "unlisted.txt").write_text("not written by vit-deploy")
+    (site / "home").symlink_to(root)
+    (site / "outside.txt").symlink_to(root / "secret.txt")
+    (site / "listed-link.txt").unlink()
+    (site / "listed-link.txt").symlink_to(root / "secret.txt")  # listed, now a link out
+    return site
+
+
+@contextlib.contextmanager
+def _preview(site: Path, **kwargs):
+    from vit_deploy.web import make_server
+
+    server = make_server(site, port=0, **kwargs)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def _get(port: int, raw_path: str) -> tuple[int, bytes]:
+    """Status and body of GET raw_path, sent as is (no client-side normalising)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(f"GET {raw_path} HTTP/1.0\r\nHost: x\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+SERVED = {"/": b"<html>page</html>", "/index.html": b"<html>page</html>",
+          "/vit-deploy.mjs": b"export {};", "/bundle/model.onnx": b"\x08\x07model",
+          "/bundle/sub/weights.data": b"weights", "/bundle/./model.onnx": b"\x08\x07model",
+          "/bundle/manifest.json": b"{}",
+          "/index.html?v=2": b"<html>page</html>", "/bundle/%6Dodel.onnx": b"\x08\x07model"}
+NOT_SERVED = ["/.env", "/.git/config", "/.git/", "/unlisted.txt", "/home/secret.txt",
+              "/home/site/index.html", "/outside.txt", "/listed-link.txt", "/manifest.json",
+              "/../secret.txt", "/bundle/../../secret.txt", "/%2e%2e/secret.txt",
+              "/%2e%65nv", "//etc/passwd", "/bundle", "/bundle/", "/bundle/sub/",
+              "/index.html%00.txt", "/site/index.html", "/nonexistent.js",
+              "/bundle/model.onnx/", "/bundle/sub/manifest.json"]
+
+
+def test_preview_serves_only_the_files_the_site_lists(tmp_path):
+    site = _fake_site(tmp_path)
+    with _preview(site) as port:
+        for path, body in SERVED.items():
+            assert _get(port, path) == (200, body), path
+        for path in NOT_SERVED:
+            status, body = _get(port, path)
+            assert status == 404 and b"secret" not in body and b"TOKEN" not in body, path
+
+
+def test_preview_needs_a_site_with_its_manifest(tmp_path):
+    from vit_deploy.web import make_server
+
+    (tmp_path / "index.html").write_text("x")
+    with pytest.raises(FileNotFoundError, match="not a site written by `vit-deploy web`"):
+        make_server(tmp_path, port=0)
+    (tmp_path / "manifest.json").write_text(json.dumps({"files": {"other.js": "0"}}))
+    with pytest.raises(FileNotFoundError, match="lists no files"):
+        make_server(tmp_path, port=0)
+
+
+@pytest.mark.parametrize("opening", [b"", b"GET /index.html HTTP/1.1\r\nHost", b"G"],
+                         ids=["silent", "partial-headers", "one-byte"])
+def test_preview_closes_idle_connections_after_its_timeout(tmp_path, opening):
+    site = _fake_site(tmp_path)
+    with _preview(site, timeout=0.5) as port:
+        socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(5)]
+        t0 = time.monotonic()
+        for s in socks:
+            s.sendall(opening)
+        for s in socks:
+            while s.recv(65536):  # whatever it answers, then the close: EOF
+                pass
+            s.close()
+        assert time.monotonic() - t0 < 5
+        assert _get(port, "/index.html")[0] == 200
+
+
+def test_preview_bounds_its_connections(tmp_path):
+    site = _fake_site(tmp_path)
+    with _preview(site, timeout=5.0, max_connections=4) as port:
+        held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(4)]
+        time.sleep(0.2)  # all four have their threads
+        extra = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(20)]
+        for s in extra:  # closed on arrival
+            s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            try:
+                assert s.recv(65536) == b""
+            except ConnectionResetError:
+                pass
+            s.close()
+        for s in held:
+            s.close()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # the held slots come back
+            try:
+                if _get(port, "/")[0] == 200:
+                    break
+            except (ConnectionResetError, IndexError, ValueError):
+                time.sleep(0.1)
+        assert _get(port, "/")[0] == 200
 
 
 # -- Chromium ----------------------------------------------------------------------------------

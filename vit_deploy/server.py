@@ -21,6 +21,22 @@ to the request(s) it belongs to (a bad image: 4xx; a failed session run: 500 for
 batch only), the worker loop itself keeps going, and /health answers 503 if it stopped.
 Bodies are counted as they arrive (chunked uploads too), the queue is bounded (503 with
 Retry-After when full) and the metrics use fixed memory.
+
+Hostile clients meet `Limits` (one frozen dataclass, carried by the app to `serve`):
+- connections: the request line and headers must arrive within `header_timeout_s` (from
+  the connection, or from the previous answer on a kept-alive one), a body within
+  `body_timeout_s` of its headers, else 408 and the connection closes; at most
+  `max_connections` are open (default: under the process's descriptor limit, with
+  room for what asyncio accepts at once), and a new
+  one past that closes the oldest one that is not being answered (idle, or half-open);
+- memory: sizes are checked from what is declared before anything is read or decoded
+  (Content-Length, image dimensions from the image header, tensor shapes x datatype
+  before their data is parsed); tensor data in JSON is parsed straight into arrays (no
+  Python float per value); at most `max_bodies` bodies are read and parsed at once and
+  `max_body_bytes` of them are held until answered, else 503 with Retry-After;
+- answers: non-finite numbers are refused in inputs (400) and never sent as JSON;
+- logs: a message repeated by a flood (accept errors, invalid requests) is logged once,
+  then at most once per `LOG_REPEAT_S` with a count of what was left out.
 """
 
 import asyncio
@@ -28,20 +44,27 @@ import bisect
 import collections
 import contextlib
 import errno
+import io
 import json
 import logging
 import math
+import os
+import re
+import resource
 import socket
 import threading
 import time
+import warnings
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import metadata as _metadata
 from typing import Any
 
+import h11
 import numpy as np
 import uvicorn
+from PIL import Image
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -51,6 +74,7 @@ from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from vit_deploy.runtime.preprocess import group_by_shape
 from vit_deploy.runtime.session import InputError
@@ -71,6 +95,53 @@ LATENCY_WINDOW = 1024  # the most recent latencies kept for percentiles
 LATENCY_BUCKETS_MS = (1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 CLIENT_GONE = 499  # nginx's status for "client closed the request"; nobody reads it
 SHUTDOWN_GRACE_S = 10  # on Ctrl-C, requests in flight get this long before they are cancelled
+LOG_REPEAT_S = 10.0  # a repeated log message: once, then at most once per this many seconds
+TIMED_OUT = "vit_deploy.timed_out"  # set in the ASGI scope when the server closed a slow request
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """What one client may cost the server. Timeouts in seconds; `max_connections` None:
+    from the descriptor limit (`connection_plan()`)."""
+
+    header_timeout_s: float = 10.0  # request line + headers, from connect or the last answer
+    body_timeout_s: float = 60.0  # the whole body, from its headers (64 MB at ~1 MB/s)
+    keep_alive_s: float = 5.0  # an idle kept-alive connection is closed after this
+    shutdown_grace_s: float = SHUTDOWN_GRACE_S
+    max_connections: int | None = None
+    max_bodies: int = 32  # request bodies being read and parsed at once
+    max_body_bytes: int = 256 * 1024 * 1024  # of bodies held, from reading to the answer
+    max_image_bytes: int = MAX_IMAGE_BYTES
+    max_image_pixels: int = 24_000_000  # width x height from the header (6000 x 4000)
+    max_infer_bytes: int = MAX_INFER_BYTES
+    max_json_bytes: int = 8 * 1024 * 1024  # of a v2 JSON header outside its number arrays
+
+    def __post_init__(self) -> None:
+        bad = [f"{k}={v!r}" for k, v in vars(self).items()
+               if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                                     or v <= 0)]
+        if bad:
+            raise ValueError(f"limits must be positive numbers, got {', '.join(bad)}")
+        if self.max_body_bytes < max(self.max_infer_bytes, self.max_image_bytes):
+            raise ValueError(f"max_body_bytes ({self.max_body_bytes}) must hold at least one "
+                             f"largest request (max_infer_bytes {self.max_infer_bytes}, "
+                             f"max_image_bytes {self.max_image_bytes})")
+
+
+def connection_plan(limits: Limits) -> tuple[int, int]:
+    """(connections, accept backlog) that fit the process's descriptor limit (soft
+    RLIMIT_NOFILE). asyncio accepts up to `backlog` connections per loop pass, and a new
+    connection reaches the limit (connection_made) two or three passes later, so three
+    backlogs must fit beside the connections: backlog an eighth of the descriptors (16 to
+    2048), connections what is left less 32 for the model, logs, pipes and the event loop
+    (at most 4096), or `limits.max_connections` if given."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    backlog = max(16, min(2048, soft // 8))
+    if limits.max_connections is not None:
+        return limits.max_connections, backlog
+    return max(8, min(4096, soft - 3 * backlog - 32)), backlog
 
 
 class Failure(Exception):
@@ -400,6 +471,9 @@ class Batcher:
             rows = self.session.classify(batch, self.top_k)
             if len(rows) != n:
                 raise RuntimeError(f"session returned {len(rows)} results for {n} images")
+            if not all(math.isfinite(c.probability) for top in rows for c in top):
+                return [Failure(500, "the model gave non-finite scores (NaN or Infinity) for "
+                                     "this batch: not sent as data")] * n
             return [{"top": [asdict(c) for c in top], "batch_size": n,
                      "provider": self.session.providers[0]} for top in rows]
         except Exception as e:  # the run failed: only this group's requests hear of it
@@ -457,15 +531,76 @@ def _settle(jobs: list[_Job], result: Any) -> None:
 # -- requests ------------------------------------------------------------------------------
 
 
-async def read_body(request: Request, limit: int, what: str = "image") -> bytes:
+class BodyBudget:
+    """How many request bodies are being read and parsed at once (`max_bodies`), and how
+    many bytes of bodies are held from their first byte until their request is answered
+    (`max_body_bytes`): past either, Failure(503) with Retry-After, before reading more.
+    Used from the event loop only."""
+
+    def __init__(self, max_bodies: int, max_bytes: int):
+        self.max_bodies, self.max_bytes = max_bodies, max_bytes
+        self.bodies = self.bytes = 0
+
+    def _busy(self, what: str) -> Failure:
+        return Failure(503, f"the server is busy: {what}; retry after {RETRY_AFTER_S} s",
+                       {"Retry-After": str(RETRY_AFTER_S)})
+
+    def claim(self) -> "BodyClaim":
+        if self.bodies >= self.max_bodies:
+            raise self._busy(f"{self.max_bodies} request bodies are being read (the limit)")
+        self.bodies += 1
+        return BodyClaim(self)
+
+
+class BodyClaim:
+    """One request's share of a BodyBudget: a body slot until `parsed()`, bytes until
+    `release()`."""
+
+    def __init__(self, budget: BodyBudget):
+        self.budget, self.bytes, self.reading = budget, 0, True
+
+    def need(self, total: int) -> None:
+        """This request holds `total` bytes now (it only grows); Failure(503) if the
+        budget cannot take them."""
+        extra = total - self.bytes
+        if extra <= 0:
+            return
+        if self.budget.bytes + extra > self.budget.max_bytes:
+            raise self.budget._busy(f"{self.budget.bytes} bytes of requests are held and this "
+                                    f"one needs {total} (the limit is {self.budget.max_bytes})")
+        self.budget.bytes += extra
+        self.bytes = total
+
+    def parsed(self) -> None:
+        if self.reading:
+            self.reading = False
+            self.budget.bodies -= 1
+
+    def release(self) -> None:
+        self.parsed()
+        self.budget.bytes -= self.bytes
+        self.bytes = 0
+
+
+async def read_body(request: Request, limit: int, what: str = "image",
+                    claim: BodyClaim | None = None) -> bytes:
     """The body, counted chunk by chunk: Failure(413) as soon as it passes `limit` bytes,
-    whatever content-length said (or did not say, for a chunked upload)."""
+    whatever content-length said (or did not say, for a chunked upload). With a claim,
+    the declared length is claimed before the first byte is read, and what arrives past it
+    as it arrives."""
+    declared = _declared_length(request)
+    if declared is not None and declared > limit:
+        raise Failure(413, f"{what} of {declared} bytes is over the limit of {limit} bytes")
+    if claim is not None and declared:
+        claim.need(declared)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
             raise Failure(413, f"{what} is over the limit of {limit} bytes (got {size} bytes "
                                f"so far)")
+        if claim is not None:
+            claim.need(size)
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -474,8 +609,8 @@ async def _replay(data: bytes) -> AsyncIterator[bytes]:
     yield data
 
 
-async def _multipart_image(request: Request) -> bytes:
-    body = await read_body(request, MAX_IMAGE_BYTES + MULTIPART_OVERHEAD)
+async def _multipart_image(request: Request, limit: int, claim: BodyClaim | None) -> bytes:
+    body = await read_body(request, limit + MULTIPART_OVERHEAD, claim=claim)
     try:
         form = await MultiPartParser(request.headers, _replay(body), max_files=1,
                                      max_fields=16).parse()
@@ -500,24 +635,43 @@ def _declared_length(request: Request) -> int | None:
     return int(text)
 
 
-async def read_image(request: Request) -> bytes:
-    """The image bytes of a /predict request, or Failure(4xx) saying what was wrong."""
-    length = _declared_length(request)
-    if length is not None and length > MAX_IMAGE_BYTES + MULTIPART_OVERHEAD:
-        raise Failure(413, f"image of {length} bytes is over the limit of {MAX_IMAGE_BYTES}")
+async def read_image(request: Request, limits: Limits | None = None,
+                     claim: BodyClaim | None = None) -> bytes:
+    """The image bytes of a /predict request, or Failure(4xx) saying what was wrong. Its
+    dimensions are read from the image header (nothing decoded): over
+    `limits.max_image_pixels`, Failure(413)."""
+    limits = limits or Limits()
+    limit = limits.max_image_bytes
     ctype = request.headers.get("content-type", "")
     if ctype.startswith("multipart/form-data"):
-        data = await _multipart_image(request)
+        data = await _multipart_image(request, limit, claim)
     elif ctype.startswith(("image/", "application/octet-stream")):
-        data = await read_body(request, MAX_IMAGE_BYTES)
+        data = await read_body(request, limit, claim=claim)
     else:
         raise Failure(415, f"content type must be an image/*, application/octet-stream or "
                            f"multipart/form-data, got {ctype or 'none'!r}")
-    if len(data) > MAX_IMAGE_BYTES:
-        raise Failure(413, f"image of {len(data)} bytes is over the limit of {MAX_IMAGE_BYTES}")
+    if len(data) > limit:
+        raise Failure(413, f"image of {len(data)} bytes is over the limit of {limit}")
     if not data:
         raise Failure(400, "empty request body: send an image")
+    check_image_header(data, limits.max_image_pixels)
     return data
+
+
+def check_image_header(data: bytes, max_pixels: int) -> None:
+    """Failure(413) if the image header declares more than `max_pixels` pixels; reads the
+    header only (what Pillow's open reads), decodes nothing. Bytes Pillow cannot open pass:
+    the decoder answers them 400 with its own reason."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+    except Image.DecompressionBombError as e:  # Pillow's own bound, past ours anyway
+        raise Failure(413, f"image is over Pillow's decompression-bomb limit ({e})") from None
+    except Exception:  # not an image Pillow knows (or a hostile header): the decoder says why
+        return
+    if width * height > max_pixels:
+        raise Failure(413, f"image is {width}x{height} = {width * height} pixels, over this "
+                           f"server's limit of {max_pixels} pixels (resize it first)")
 
 
 # -- the Open Inference Protocol: parsing a request, writing an answer ---------------------
@@ -535,20 +689,20 @@ class InferRequest:
     id: str | None = None
 
 
-async def read_infer_body(request: Request, limit: int = MAX_INFER_BYTES) -> bytes:
+async def read_infer_body(request: Request, limit: int = MAX_INFER_BYTES,
+                          claim: BodyClaim | None = None) -> bytes:
     """A v2 infer body, counted as it arrives and inflated if gzip / deflate encoded (as
     tritonclient sends with request compression); Failure(4xx) if it is too large or
-    cannot be read."""
-    length = _declared_length(request)
-    if length is not None and length > limit:
-        raise Failure(413, f"inference request of {length} bytes is over the limit of {limit}")
-    body = await read_body(request, limit, "inference request")
+    cannot be read. With a claim, the inflated bytes are claimed too."""
+    body = await read_body(request, limit, "inference request", claim)
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding in ("", "identity"):
         return body
     if encoding not in ("gzip", "deflate"):
         raise Failure(415, f"content-encoding must be gzip, deflate or identity, got "
                            f"{encoding!r}")
+    if claim is not None:
+        claim.need(len(body) + limit)  # the inflated body may reach the limit
     return await asyncio.to_thread(_inflate, body, encoding, limit)
 
 
@@ -573,24 +727,165 @@ def _shape_text(shape: Any) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
-def _json_tensor(name: str, data: Any, shape: list[int], dtype: np.dtype) -> np.ndarray:
-    """An input's "data" (flat or nested, row-major) as an array of `shape`."""
-    if not isinstance(data, list):
-        raise _bad(f"input {name!r}: data must be a JSON array of numbers, got "
-                   f"{type(data).__name__}")
+def _json_type(value: Any) -> str:
+    """The JSON name of a parsed value's type (what a client sent)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return f"a number ({value!r})"
+    if isinstance(value, str):
+        return f"a string ({value[:40]!r})"
+    return "an array" if isinstance(value, list) else "an object"
+
+
+# In a v2 JSON header, tensor data is the bulk: long arrays of plain numbers. They are cut
+# out before json.loads (which would make a Python float of each value, ~16x the text) and
+# parsed by numpy straight into the tensor, once the declared shape says how many values
+# to expect. Strings are matched first, so brackets inside a string are never taken for
+# an array.
+_STRING_OR_NUMBERS = re.compile(rb'"(?:[^"\\]|\\.)*"|\[[-+0-9.eE,\s]*\]')
+_SPAN_MIN = 256  # shorter arrays (shapes, small data) stay in the JSON
+
+
+@dataclass
+class _Spans:
+    """The number arrays cut out of a JSON header: (start, end) of each one's text between
+    its brackets, and the marker key that stands for them in the rest (unguessable, so a
+    client cannot forge a reference)."""
+
+    text: bytes
+    places: list[tuple[int, int]]
+    key: str
+    used: set[int]
+
+    def ref(self, node: Any) -> int | None:
+        """The index of the span a parsed node stands for, or None."""
+        if isinstance(node, dict) and len(node) == 1 and self.key in node:
+            return node[self.key]
+        return None
+
+    def count(self, i: int) -> int:
+        start, end = self.places[i]
+        return self.text.count(b",", start, end) + 1
+
+    def parse(self, i: int, dtype: np.dtype) -> np.ndarray | None:
+        """The span's numbers as a 1-D array, or None if it is not a list of numbers."""
+        start, end = self.places[i]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # numpy warns (and stops) on text it cannot read
+            try:
+                return np.fromstring(self.text[start:end], dtype=dtype, sep=",")
+            except (ValueError, DeprecationWarning, RuntimeWarning):
+                return None
+
+
+def _load_header(header: bytes, max_json_bytes: int) -> tuple[Any, _Spans]:
+    """json.loads of a v2 JSON header with its long number arrays cut out (see above);
+    Failure(413) if what remains is over `max_json_bytes`, Failure(400) if not JSON."""
+    spans = _Spans(header, [], "\0" + os.urandom(8).hex(), set())
+    pieces: list[tuple[int, int] | bytes] = []
+    at = kept = 0
+    for m in _STRING_OR_NUMBERS.finditer(header):
+        if header[m.start()] != ord("[") or m.end() - m.start() < _SPAN_MIN:
+            continue
+        marker = json.dumps({spans.key: len(spans.places)}).encode()
+        pieces += [(at, m.start()), marker]
+        kept += m.start() - at + len(marker)
+        spans.places.append((m.start() + 1, m.end() - 1))
+        at = m.end()
+    pieces.append((at, len(header)))
+    kept += len(header) - at
+    if kept > max_json_bytes:
+        raise Failure(413, f"the request's JSON is {kept} bytes besides its arrays of plain "
+                           f"numbers, over the limit of {max_json_bytes} (send tensor data as "
+                           f"arrays of numbers, or as binary data)")
+    text = b"".join(header[p[0]:p[1]] if isinstance(p, tuple) else p for p in pieces)
     try:
-        values = np.asarray(data)
-    except (ValueError, TypeError):  # ragged nesting
+        return json.loads(text), spans
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError
+        raise _bad(f"the request is not valid JSON: {_describe(e)}") from None
+
+
+def _data_shape(name: str, node: Any, spans: _Spans) -> tuple[int, ...]:
+    """The shape of an input's (maybe nested) data, spans counted by their commas; 400 if
+    it holds anything but numbers or is ragged."""
+    i = spans.ref(node)
+    if i is not None:
+        if not isinstance(i, int) or not 0 <= i < len(spans.places) or i in spans.used:
+            raise _bad(f"input {name!r}: data is malformed")
+        spans.used.add(i)
+        return (spans.count(i),)
+    if isinstance(node, bool) or not isinstance(node, (int, float, list)):
+        raise _bad(f"input {name!r}: data must hold only numbers, got {_json_type(node)}")
+    if not isinstance(node, list):
+        return ()
+    if all(type(v) in (int, float) for v in node):
+        return (len(node),)
+    shapes = {_data_shape(name, v, spans) for v in node}
+    if len(shapes) > 1:
         raise _bad(f"input {name!r}: data is not a regular array of numbers (ragged "
-                   f"nesting)") from None
-    if values.size and values.dtype.kind not in "iuf":
-        raise _bad(f"input {name!r}: data must hold only numbers, got "
-                   f"{'booleans' if values.dtype.kind == 'b' else 'other values'}")
-    count = math.prod(shape)
-    if values.size != count:
-        raise _bad(f"input {name!r}: data holds {values.size} values, shape "
-                   f"{_shape_text(shape)} needs {count}")
-    return values.astype(dtype).reshape(shape)
+                   f"nesting)")
+    return (len(node), *(shapes.pop() if shapes else ()))
+
+
+def _fill(name: str, node: Any, spans: _Spans, out: np.ndarray, at: int) -> int:
+    """Write a node's numbers into the flat `out` from `at`; returns where it ended."""
+    i = spans.ref(node)
+    if i is not None:
+        values = spans.parse(i, out.dtype)
+        if values is None or len(values) != spans.count(i):
+            raise _bad(f"input {name!r}: data is not a JSON array of numbers (an array of "
+                       f"{spans.count(i)} items could not be read as numbers)")
+    elif isinstance(node, list) and all(type(v) in (int, float) for v in node):
+        with np.errstate(over="ignore", invalid="ignore"):  # out of range: inf, refused later
+            values = np.asarray(node, dtype=np.float64).astype(out.dtype)
+    elif isinstance(node, list):
+        for v in node:
+            at = _fill(name, v, spans, out, at)
+        return at
+    else:
+        values = np.asarray([node], dtype=np.float64).astype(out.dtype)
+    out[at:at + len(values)] = values
+    return at + len(values)
+
+
+def _json_tensor(name: str, data: Any, shape: list[int], dtype: np.dtype,
+                 spans: _Spans) -> np.ndarray:
+    """An input's "data" (flat or nested, row-major) as an array of `shape`: the values are
+    counted before any of them is parsed."""
+    if not isinstance(data, list) and spans.ref(data) is None:
+        raise _bad(f"input {name!r}: data must be a JSON array of numbers, got "
+                   f"{_json_type(data)}")
+    count = math.prod(_data_shape(name, data, spans))
+    need = math.prod(shape)
+    if count != need:
+        raise _bad(f"input {name!r}: data holds {count} values, shape {_shape_text(shape)} "
+                   f"needs {need}")
+    i = spans.ref(data)
+    if i is not None:  # one flat array of numbers (what tritonclient sends): no copy
+        values = spans.parse(i, dtype)
+        if values is not None and len(values) == need:
+            return values.reshape(shape)
+    out = np.empty(need, dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        _fill(name, data, spans, out, 0)
+    return out.reshape(shape)
+
+
+def require_finite(what: str, x: np.ndarray, datatype: str) -> None:
+    """Failure(400) naming how many values of a float tensor are NaN / +-Infinity (or were
+    out of the datatype's range, e.g. 1e39 for FP32) and where the first one is."""
+    if x.dtype.kind != "f":
+        return
+    bad = ~np.isfinite(x)
+    if bad.any():
+        first = np.unravel_index(int(np.argmax(bad)), x.shape)
+        raise _bad(f"{what} holds {int(bad.sum())} value(s) that are not finite {datatype} "
+                   f"numbers (NaN, Infinity, or beyond {datatype}'s range of "
+                   f"+-{float(np.finfo(x.dtype).max):.4g}), the first at index "
+                   f"{list(map(int, first))}: expected finite numbers")
 
 
 def _object(value: Any, what: str) -> dict[str, Any]:
@@ -602,16 +897,23 @@ def _object(value: Any, what: str) -> dict[str, Any]:
 
 
 def _list_of_objects(value: Any, what: str) -> list[dict[str, Any]]:
-    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-        raise _bad(f"{what} must be a JSON array of objects")
+    if not isinstance(value, list):
+        raise _bad(f"{what} must be a JSON array of objects, got {_json_type(value)}")
+    odd = next((v for v in value if not isinstance(v, dict)), None)
+    if odd is not None or None in value:
+        raise _bad(f"{what} must be a JSON array of objects, got an array holding "
+                   f"{_json_type(odd)}")
     return value
 
 
 def parse_infer_request(body: bytes, header_length: str | None, model: V2Model, *,
-                        max_batch: int) -> InferRequest:
+                        max_batch: int, limits: Limits | None = None) -> InferRequest:
     """A v2 infer body -> InferRequest, or Failure(400) saying what is wrong: malformed
-    JSON, an unknown input or output, a datatype or shape the model does not take, data
-    that does not fill the shape, binary data that does not add up."""
+    JSON, a field of the wrong JSON type, an unknown input or output, a datatype or shape
+    the model does not take, data that does not fill the shape, binary data that does not
+    add up, non-finite numbers. Failure(413) when a declared shape is over the limit (said
+    before its data is read)."""
+    limits = limits or Limits()
     if header_length is None:
         header, binary = body, memoryview(b"")
     else:
@@ -623,10 +925,7 @@ def parse_infer_request(body: bytes, header_length: str | None, model: V2Model, 
             raise _bad(f"Inference-Header-Content-Length says the JSON header is {int(text)} "
                        f"bytes, but the body has only {len(body)}")
         header, binary = body[:int(text)], memoryview(body)[int(text):]
-    try:
-        request = json.loads(header)
-    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError
-        raise _bad(f"the request is not valid JSON: {_describe(e)}") from None
+    request, spans = _load_header(header, limits.max_json_bytes)
     if not isinstance(request, dict):
         raise _bad(f"the request must be a JSON object, got {type(request).__name__}")
     request_id = request.get("id")
@@ -640,16 +939,21 @@ def parse_infer_request(body: bytes, header_length: str | None, model: V2Model, 
     specs = {t.name: t for t in model.inputs}
     inputs: dict[str, np.ndarray] = {}
     offset = 0
-    for item in _list_of_objects(request.get("inputs"), "inputs"):
+    for index, item in enumerate(_list_of_objects(request.get("inputs"), "inputs")):
         name = item.get("name")
+        if not isinstance(name, str):
+            raise _bad(f"inputs[{index}].name must be a string (one of {list(specs)}), got "
+                       f"{_json_type(name)}")
         if name not in specs:
             raise _bad(f"unknown input {name!r}: model {model.name!r} takes {list(specs)}")
         if name in inputs:
             raise _bad(f"input {name!r} is given twice")
         spec = specs[name]
         if item.get("datatype") != spec.datatype:
-            raise _bad(f"input {name!r} has datatype {item.get('datatype')!r}; the model "
-                       f"takes {spec.datatype}")
+            given = item.get("datatype")
+            given = repr(given) if isinstance(given, str) else _json_type(given)
+            raise _bad(f"input {name!r} has datatype {given}; the model takes "
+                       f"{spec.datatype}")
         shape = item.get("shape")
         if not (isinstance(shape, list) and all(
                 isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
@@ -661,6 +965,11 @@ def parse_infer_request(body: bytes, header_length: str | None, model: V2Model, 
             raise _bad(f"input {name!r} holds a batch of {shape[0]}; this server takes 1 to "
                        f"{max_batch} (its max batch)")
         dtype = _NUMPY[spec.datatype]
+        declared = math.prod(shape) * dtype.itemsize
+        if declared > limits.max_infer_bytes:
+            raise Failure(413, f"input {name!r} has shape {_shape_text(shape)} of "
+                               f"{spec.datatype}: {declared} bytes, over the limit of "
+                               f"{limits.max_infer_bytes}")
         iparams = _object(item.get("parameters"), f"input {name!r}: parameters")
         if "shared_memory_region" in iparams:
             raise _bad("the shared memory extension is not supported: send the data")
@@ -676,7 +985,7 @@ def parse_infer_request(body: bytes, header_length: str | None, model: V2Model, 
             inputs[name] = np.frombuffer(binary[offset:offset + size], dtype).reshape(shape)
             offset += size
         elif "data" in item:
-            inputs[name] = _json_tensor(name, item["data"], shape, dtype)
+            inputs[name] = _json_tensor(name, item["data"], shape, dtype, spans)
         else:
             raise _bad(f"input {name!r} has neither data nor a binary_data_size parameter")
     missing = [n for n in specs if n not in inputs]
@@ -685,10 +994,15 @@ def parse_infer_request(body: bytes, header_length: str | None, model: V2Model, 
     if offset != len(binary):
         raise _bad(f"{len(binary) - offset} bytes after the JSON header belong to no input "
                    f"(the inputs' binary_data_size add up to {offset})")
+    for name, x in inputs.items():
+        require_finite(f"input {name!r}", x, specs[name].datatype)
 
     outputs: list[tuple[str, bool]] = []
-    for item in _list_of_objects(request.get("outputs", []), "outputs"):
+    for index, item in enumerate(_list_of_objects(request.get("outputs", []), "outputs")):
         name = item.get("name")
+        if not isinstance(name, str):
+            raise _bad(f"outputs[{index}].name must be a string (one of "
+                       f"{[t.name for t in model.outputs]}), got {_json_type(name)}")
         if model.output(name) is None:
             raise _bad(f"unknown output {name!r}: model {model.name!r} gives "
                        f"{[t.name for t in model.outputs]}")
@@ -712,11 +1026,16 @@ def parse_infer_request(body: bytes, header_length: str | None, model: V2Model, 
 def encode_infer_response(model: V2Model, request: InferRequest,
                           results: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
     """(body, headers) of a v2 infer answer: JSON, followed by the binary outputs' bytes
-    (little-endian, row-major) when any output asked for binary data."""
+    (little-endian, row-major) when any output asked for binary data. Failure(500) if an
+    output holds NaN / Infinity: that is a broken model, not data (and not JSON)."""
     outputs, blobs = [], []
     for name, binary in request.outputs:
         datatype = model.output(name).datatype  # type: ignore[union-attr]  # parsed: it exists
         value = np.ascontiguousarray(results[name], dtype=_NUMPY[datatype])
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            raise Failure(500, f"the model's output {name!r} holds "
+                               f"{int((~np.isfinite(value)).sum())} non-finite value(s) (NaN or "
+                               f"Infinity) for finite inputs: not sent as data")
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(value.shape)}
         if binary:
             blobs.append(value.tobytes())
@@ -727,7 +1046,8 @@ def encode_infer_response(model: V2Model, request: InferRequest,
     answer: dict[str, Any] = {"model_name": model.name, "model_version": MODEL_VERSION}
     if request.id is not None:
         answer["id"] = request.id
-    header = json.dumps(answer | {"outputs": outputs}, separators=(",", ":")).encode()
+    header = json.dumps(answer | {"outputs": outputs}, separators=(",", ":"),
+                        allow_nan=False).encode()
     if not blobs:
         return header, {"content-type": "application/json"}
     return header + b"".join(blobs), {"content-type": "application/octet-stream",
@@ -790,13 +1110,20 @@ def serving_model(session: Any, name: str | None = None) -> V2Model:
 
 def make_app(session: Any, *, max_batch: int = 8, max_wait_ms: float = 5.0, top_k: int = 5,
              max_queue: int | None = None, model_name: str | None = None,
-             max_infer_bytes: int = MAX_INFER_BYTES) -> FastAPI:
+             max_infer_bytes: int | None = None, limits: Limits | None = None) -> FastAPI:
     """A FastAPI app: POST /predict, GET /health, /metadata, /stats, /metrics (Prometheus
     text), and the v2 endpoints for the session's model (named `model_name`, default the
     bundle directory's name).
 
-    At most `max_queue` requests wait (default 64 batches' worth); more get 503."""
+    At most `max_queue` requests wait (default 64 batches' worth); more get 503. `limits`
+    (default `Limits()`; `max_infer_bytes` overrides its field) bound what a request may
+    cost; `serve` reads the connection limits from `app.state.limits`."""
+    limits = limits or Limits()
+    if max_infer_bytes is not None:
+        limits = replace(limits, max_infer_bytes=max_infer_bytes,
+                         max_body_bytes=max(limits.max_body_bytes, max_infer_bytes))
     model = serving_model(session, model_name)
+    budget = BodyBudget(limits.max_bodies, limits.max_body_bytes)
     batcher = Batcher(session, max_batch=max_batch, max_wait_ms=max_wait_ms, top_k=top_k,
                       max_queue=max_queue)
 
@@ -812,6 +1139,8 @@ def make_app(session: Any, *, max_batch: int = 8, max_wait_ms: float = 5.0, top_
                   lifespan=lifespan)
     app.state.batcher = batcher
     app.state.model = model
+    app.state.limits = limits
+    app.state.budget = budget
 
     def error(failure: Failure, endpoint: str | None = None) -> JSONResponse:
         if endpoint is not None:
@@ -819,10 +1148,13 @@ def make_app(session: Any, *, max_batch: int = 8, max_wait_ms: float = 5.0, top_
         return JSONResponse({"error": failure.message}, status_code=failure.status,
                             headers=failure.headers)
 
-    def client_gone(endpoint: str) -> Response:
-        batcher.metrics.answered(endpoint, CLIENT_GONE)
-        log.debug("client disconnected before its answer")
-        return Response(status_code=CLIENT_GONE)
+    def client_gone(request: Request, endpoint: str) -> Response:
+        """The connection is gone: the client left, or the server closed it (a timeout,
+        already answered 408 by the connection itself)."""
+        status = 408 if request.scope.get(TIMED_OUT) else CLIENT_GONE
+        batcher.metrics.answered(endpoint, status)
+        log.debug("connection gone before its answer (%d)", status)
+        return Response(status_code=status)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException) -> JSONResponse:
@@ -830,34 +1162,43 @@ def make_app(session: Any, *, max_batch: int = 8, max_wait_ms: float = 5.0, top_
         return JSONResponse({"error": f"{e.detail}: {request.method} {request.url.path}"},
                             status_code=e.status_code, headers=e.headers)
 
-    async def answer(request: Request, endpoint: str, submit: Callable[[], Awaitable[Any]],
+    async def answer(request: Request, endpoint: str,
+                     submit: Callable[[BodyClaim], Awaitable[Any]],
                      respond: Callable[[Any], Awaitable[Response]]) -> Response:
-        """Submit (reading the request), wait for the batch worker, respond; every failure
-        answered to this request and counted under `endpoint`."""
+        """Submit (reading the request under a claim on the body budget), wait for the
+        batch worker, respond; every failure answered to this request and counted under
+        `endpoint`. The claim's bytes are held until the answer."""
         t0 = time.perf_counter()
+        claim: BodyClaim | None = None
         try:
-            future = await submit()
-        except Failure as f:
-            return error(f, endpoint)
-        except ClientDisconnect:
-            return client_gone(endpoint)
-        try:
+            claim = budget.claim()
+            try:
+                future = await submit(claim)
+            finally:
+                claim.parsed()
             result = await wait_for_result(request, future)
             if result is None:
-                return client_gone(endpoint)
+                return client_gone(request, endpoint)
             if isinstance(result, Failure):
                 return error(result, endpoint)
             response = await respond(result)
+        except Failure as f:
+            return error(f, endpoint)
+        except ClientDisconnect:
+            return client_gone(request, endpoint)
         except asyncio.CancelledError:  # uvicorn cancels handlers only when shutting down
-            _absorb_cancellation()  # answered instead: a 503, not a traceback
-            return error(Failure(503, "the server is shutting down"), endpoint)
+            _absorb_cancellation()  # answered instead (a 503), not a traceback: a cancelled
+            return error(Failure(503, "the server is shutting down"), endpoint)  # read too
+        finally:
+            if claim is not None:
+                claim.release()
         batcher.metrics.answered(endpoint, 200, (time.perf_counter() - t0) * 1000)
         return response
 
     @app.post("/predict")
     async def predict(request: Request):
-        async def submit() -> asyncio.Future:
-            return batcher.submit(await read_image(request))
+        async def submit(claim: BodyClaim) -> asyncio.Future:
+            return batcher.submit(await read_image(request, limits, claim))
 
         async def respond(result: dict[str, Any]) -> Response:
             return JSONResponse(result)
@@ -951,12 +1292,13 @@ def make_app(session: Any, *, max_batch: int = 8, max_wait_ms: float = 5.0, top_
     async def v2_infer(name: str, request: Request, version: str | None = None):
         parsed: list[InferRequest] = []
 
-        async def submit() -> asyncio.Future:
+        async def submit(claim: BodyClaim) -> asyncio.Future:
             find_model(name, version)
-            body = await read_infer_body(request, max_infer_bytes)
+            body = await read_infer_body(request, limits.max_infer_bytes, claim)
             got = await asyncio.to_thread(parse_infer_request, body,
                                           request.headers.get(HEADER_LENGTH), model,
-                                          max_batch=max_batch)
+                                          max_batch=max_batch, limits=limits)
+            del body  # the arrays are what is held from here
             pixels = next(iter(got.inputs.values()))  # serving_model: the one input
             try:
                 pixels = session.validate_input(pixels)
@@ -1022,17 +1364,182 @@ def url_of(sock: socket.socket, host: str) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+class RepeatFilter(logging.Filter):
+    """Lets a message through the first time, then at most once per `every` seconds per
+    (logger, level, message template), with how many were left out in between and
+    without their tracebacks: a flood of accept errors or invalid requests costs a few
+    lines, not gigabytes."""
+
+    def __init__(self, every: float = LOG_REPEAT_S, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        self.every, self.clock = every, clock
+        self.seen: dict[tuple[str, int, str], list[float]] = {}  # key -> [last shown, skipped]
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, record.levelno, str(record.msg)[:200])
+        now = self.clock()
+        with self._lock:
+            seen = self.seen.get(key)
+            if seen is None:
+                if len(self.seen) >= 1000:  # fixed memory, whatever the messages
+                    self.seen.clear()
+                self.seen[key] = [now, 0]
+                return True
+            if now - seen[0] < self.every:
+                seen[1] += 1
+                return False
+            skipped, seen[:] = int(seen[1]), [now, 0]
+        if skipped:
+            record.msg = f"{record.msg} [repeated: {skipped} more like this in the last " \
+                         f"{self.every:g} s were not logged]"
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+@contextlib.contextmanager
+def _quiet_floods(every: float = LOG_REPEAT_S) -> Iterator[RepeatFilter]:
+    """A RepeatFilter on the loggers a flood of bad connections writes to, while serving."""
+    flt = RepeatFilter(every)
+    loggers = [logging.getLogger(n) for n in ("uvicorn.error", "asyncio", __name__)]
+    for logger in loggers:
+        logger.addFilter(flt)
+    try:
+        yield flt
+    finally:
+        for logger in loggers:
+            logger.removeFilter(flt)
+
+
+class _Connections:
+    """The open connections of one server, oldest first, and their limit. Past the limit
+    a new connection closes the oldest one that is not being answered (half-open, idle
+    between requests, or draining a body already answered); if every one is being
+    answered, the new one is closed."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.open: dict["GuardedH11Protocol", None] = {}  # insertion order: oldest first
+        self.closed = 0  # by the limit
+
+    def admit(self, conn: "GuardedH11Protocol") -> None:
+        self.open[conn] = None
+        if len(self.open) <= self.limit:
+            return
+        victim = next((c for c in self.open if c is not conn and c.idle()), conn)
+        self.open.pop(victim, None)
+        self.closed += 1
+        log.warning("%d connections are open (the limit): closed the oldest one not being "
+                    "answered (%d so far)", self.limit, self.closed)
+        victim.transport.close()
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with deadlines and a bound on connections (`serve` makes a
+    subclass per server with `limits` and `registry` set):
+    - waiting for a request (connect, or the previous answer): the request line and headers
+      within `header_timeout_s`, else 408 (if some of them came) and close;
+    - reading a body: all of it within `body_timeout_s` of the headers, else 408 (if the
+      app has not answered yet) and close; the app reads a disconnect and stops;
+    - the app working on a request: no deadline here (the batcher's queue is bounded)."""
+
+    limits: Limits
+    registry: _Connections
+
+    _timer: asyncio.TimerHandle | None = None
+    _phase: str | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.registry.admit(self)
+        self._update()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.registry.open.pop(self, None)
+        self._set_timer(None)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._update()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._update()
+
+    def idle(self) -> bool:
+        """Not being answered: no request, or its answer is complete."""
+        return self.cycle is None or self.cycle.response_complete
+
+    def _current_phase(self) -> str | None:
+        if self.transport.is_closing():
+            return None
+        their = self.conn.their_state
+        if their is h11.IDLE:
+            return "headers"
+        if their is h11.SEND_BODY:
+            return "body"
+        return None
+
+    def _update(self) -> None:
+        phase = self._current_phase()
+        if phase != self._phase:
+            self._phase = phase
+            self._set_timer(phase)
+
+    def _set_timer(self, phase: str | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if phase is not None:
+            delay = (self.limits.header_timeout_s if phase == "headers"
+                     else self.limits.body_timeout_s)
+            self._timer = self.loop.call_later(delay, self._expired, phase)
+
+    def _expired(self, phase: str) -> None:
+        self._timer = None
+        if self.transport.is_closing() or self._current_phase() != phase:
+            return
+        if phase == "headers":
+            if self.conn.trailing_data[0]:  # part of a request came, not all of it
+                self._write_408(f"the request line and headers did not arrive within "
+                                f"{self.limits.header_timeout_s:g} s (the header timeout)")
+        elif self.cycle is not None and not self.cycle.response_started:
+            self.cycle.scope[TIMED_OUT] = "body"  # type: ignore[literal-required]
+            self.cycle.disconnected = True  # the app's next receive is a disconnect
+            self.cycle.message_event.set()
+            self._write_408(f"the request body did not arrive within "
+                            f"{self.limits.body_timeout_s:g} s of its headers (the body "
+                            f"timeout)")
+        log.info("closed a connection: its %s did not arrive in time", phase)
+        self.transport.close()
+
+    def _write_408(self, message: str) -> None:
+        body = json.dumps({"error": message}).encode()
+        self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json"
+                             b"\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s"
+                             % (len(body), body))
+
+
 def serve(app: Any, host: str, port: int, *, on_ready: Callable[[str], None],
-          log_level: str = "warning") -> None:
+          log_level: str = "warning", limits: Limits | None = None) -> None:
     """Bind host:port first (BindError, an OSError, before anything else happens), then
     call `on_ready(url)` (the real port when `port` is 0), then run uvicorn on that socket
-    until it is stopped (Ctrl-C / SIGTERM in the main thread)."""
+    until it is stopped (Ctrl-C / SIGTERM in the main thread). The connection limits are
+    `limits`, else the app's (`app.state.limits`, as make_app sets), else `Limits()`."""
     sock = bind(host, port)
     try:
+        limits = limits or getattr(getattr(app, "state", None), "limits", None) or Limits()
+        connections, backlog = connection_plan(limits)
+        protocol = type("Protocol", (GuardedH11Protocol,), {
+            "limits": limits, "registry": _Connections(connections)})
         on_ready(url_of(sock, host))
-        server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="on",
-                                               timeout_graceful_shutdown=SHUTDOWN_GRACE_S))
-        server.run(sockets=[sock])
+        server = uvicorn.Server(uvicorn.Config(
+            app, log_level=log_level, lifespan="on", http=protocol, backlog=backlog,
+            timeout_keep_alive=limits.keep_alive_s,
+            timeout_graceful_shutdown=limits.shutdown_grace_s))
+        with _quiet_floods():
+            server.run(sockets=[sock])
         if not server.started:
             raise RuntimeError("the server did not start (its log above says why)")
     finally:

@@ -21,11 +21,14 @@ import functools
 import json
 import mmap
 import os
+import posixpath
 import shutil
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 from vit_deploy.atomic import atomic_directory, repository_record
 from vit_deploy.contract import MANIFEST_NAME
@@ -219,12 +222,69 @@ def _relative_to_model(model: str, files: list[str]) -> list[str]:
 
 
 # -- the local preview server ------------------------------------------------------------
+PREVIEW_TIMEOUT_S = 10.0  # a connection silent this long (per read) is closed
+PREVIEW_CONNECTIONS = 64  # connections served at once; more are closed on arrival
+
+
+def site_files(root: str | Path) -> frozenset[str]:
+    """The files the site's manifest lists (what write_site wrote, POSIX paths relative to
+    the site): all the preview server serves. FileNotFoundError if `root` is not a site
+    written by `vit-deploy web`."""
+    root = Path(root)
+    what = f"{str(root)!r} is not a site written by `vit-deploy web`"
+    if not (root / PAGE).is_file():
+        raise FileNotFoundError(f"{str(root / PAGE)!r} is missing: {what}")
+    try:
+        record = json.loads((root / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise FileNotFoundError(f"{str(root / MANIFEST_NAME)!r} cannot be read ({e}): "
+                                f"{what}") from None
+    files = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(files, dict) or PAGE not in files:
+        raise FileNotFoundError(f"{str(root / MANIFEST_NAME)!r} lists no files (expected "
+                                f"{PAGE} among them): {what}")
+    # The bundle's own manifest.json is written by write_site but not listed: the record
+    # leaves every file named manifest.json out (it is the record's own name).
+    return frozenset(files) | {f"{BUNDLE_DIR}/{MANIFEST_NAME}"}
+
+
 class SiteHandler(SimpleHTTPRequestHandler):
-    """Static files with the MIME types modules and WebAssembly need and, unless
-    `isolation` is off, the COOP/COEP headers that make the page cross-origin isolated."""
+    """The site's listed files only (`files`, from its manifest), with the MIME types
+    modules and WebAssembly need and, unless `isolation` is off, the COOP/COEP headers
+    that make the page cross-origin isolated. Anything else is 404: unlisted files,
+    dotfiles, directories, and a listed name that resolves through a symlink (out of the
+    site or not). A connection silent for `timeout` seconds is closed."""
 
     extensions_map = MIME_TYPES
     isolation = True
+    files: frozenset[str] = frozenset()
+    timeout = PREVIEW_TIMEOUT_S  # socket timeout per read (StreamRequestHandler applies it)
+
+    def site_path(self) -> str | None:
+        """The real path of the requested file if the site lists it and no symlink is on
+        the way to it, else None."""
+        raw = unquote(urlsplit(self.path).path)
+        if raw.endswith("/") and raw != "/":  # a directory's name: never served
+            return None
+        name = posixpath.normpath(raw).lstrip("/")
+        if name in ("", "."):
+            name = PAGE
+        if name not in self.files:
+            return None
+        root = os.path.realpath(self.directory)
+        full = os.path.join(root, *name.split("/"))
+        if os.path.realpath(full) != full or not os.path.isfile(full):
+            return None
+        return full
+
+    def translate_path(self, path: str) -> str:
+        return self.site_path() or os.devnull  # only reached after send_head's check
+
+    def send_head(self):
+        if self.site_path() is None:
+            self.send_error(404, "Not a file of this site")
+            return None
+        return super().send_head()
 
     def end_headers(self) -> None:
         if self.isolation:
@@ -240,14 +300,47 @@ class SiteHandler(SimpleHTTPRequestHandler):
         pass  # quiet: the command prints its URL; a browser's requests are not news
 
 
+class SiteServer(ThreadingHTTPServer):
+    """A thread per connection, at most `max_connections` at once: one past that is
+    closed on arrival (a thread and a descriptor each is what a client could pile up)."""
+
+    daemon_threads = True
+
+    def __init__(self, address, handler, max_connections: int = PREVIEW_CONNECTIONS):
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {max_connections}")
+        self.slots = threading.BoundedSemaphore(max_connections)
+        super().__init__(address, handler)
+
+    def process_request(self, request, client_address) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+
 def make_server(root: str | Path, host: str = "127.0.0.1", port: int = 8080, *,
-                isolation: bool = True) -> ThreadingHTTPServer:
+                isolation: bool = True, timeout: float = PREVIEW_TIMEOUT_S,
+                max_connections: int = PREVIEW_CONNECTIONS) -> SiteServer:
+    """A preview server for the site at `root` (not yet serving: call serve_forever)."""
     root = Path(root)
-    if not (root / PAGE).is_file():
-        raise FileNotFoundError(f"{str(root / PAGE)!r} is missing: {str(root)!r} is not a site "
-                                f"written by `vit-deploy web`")
-    handler = type("Handler", (SiteHandler,), {"isolation": isolation})
-    return ThreadingHTTPServer((host, port), functools.partial(handler, directory=str(root)))
+    files = site_files(root)
+    if timeout <= 0:
+        raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+    handler = type("Handler", (SiteHandler,), {"isolation": isolation, "files": files,
+                                               "timeout": timeout})
+    return SiteServer((host, port), functools.partial(handler, directory=str(root)),
+                      max_connections)
 
 
 def serve_site(root: str | Path, host: str = "127.0.0.1", port: int = 8080, *,
