@@ -2,10 +2,11 @@
 
 Written by the exporter and by every command that adds to a bundle, read by everything
 else through its fields and methods. `Manifest.from_dict` validates types *and* values
-(finite mean / std above a floor, sane resolutions, labels matching the classes, file
-names that stay inside the bundle, bounded nesting) and reads every format version up to
-ours: v1 (before the typed manifest) left some preprocessing fields and file roles
-implicit; they are filled with what v1 always meant.
+(mean, std and scale within config.check_normalization's bounds, sane resolutions,
+labels matching the classes, file names that stay inside the bundle, bounded nesting;
+`bundle_path` is the one way from a listed name to a file) and reads every format
+version up to ours: v1 (before the typed manifest) left some preprocessing fields and file
+roles implicit; they are filled with what v1 always meant.
 """
 
 from __future__ import annotations
@@ -191,12 +192,12 @@ class Manifest:
             self.model_file(precision)
 
     def resolve(self, root: str | Path, name: str) -> Path:
-        """`root/name`, refused if it leaves the bundle (a symlink included)."""
-        base = Path(root).resolve()
-        path = (base / name).resolve()
-        if base not in path.parents:
-            raise BundleError(f"manifest lists {name!r}, which lies outside the bundle")
-        return path
+        """The path of a file this manifest lists (see `bundle_path`); a name it does not
+        list is refused too, so every file opened is one the manifest hashes."""
+        if name not in self.files:
+            raise BundleError(f"{name!r} is not a file of this bundle (the manifest lists "
+                              f"{sorted(self.files)[:8]})")
+        return bundle_path(root, name)
 
     def model_path(self, root: str | Path, precision: str) -> Path:
         return self.resolve(root, self.model_file(precision))
@@ -384,6 +385,22 @@ def load_manifest(bundle: str | Path, *, verify: bool = True) -> Manifest:
     if verify:
         manifest.verify_files(root)
     return manifest
+
+
+def bundle_path(root: str | Path, name: str) -> Path:
+    """The one way from a file name a manifest gives to a path, whatever `verify` says:
+    `root/name` resolved, refused (BundleError) when the name is absolute, holds `..`, a
+    backslash or NUL, or resolves (through symlinks, at any depth) outside `root`. Links
+    that stay inside the bundle are followed."""
+    if not _safe_name(name):
+        raise BundleError(f"manifest names file {str(name)[:80]!r}: expected a relative path "
+                          f"inside the bundle (no absolute path, no '..')")
+    base = Path(root).resolve()
+    path = (base / name).resolve()
+    if base not in path.parents:
+        raise BundleError(f"manifest names file {name!r}, which resolves to {str(path)!r}, "
+                          f"outside the bundle {str(base)!r} (a symlink leaving it?); refused")
+    return path
 
 
 # -- validation helpers ----------------------------------------------------------------
