@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from vit_deploy.config import ViTConfig
+from vit_deploy.config import ViTConfig, check_normalization
 from vit_deploy.contract import (BUCKET_POLICIES, BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION,
                                  INTERPOLATIONS, MANIFEST_NAME, PRECISIONS, RESIZE_RULES,
                                  TARGETS, WEIGHTS_ROLE, model_role)
@@ -30,7 +30,6 @@ from vit_deploy.sizes import MAX_SIDE, format_resolution, require_patch_multiple
 MAX_MANIFEST_BYTES = 16 * 2**20  # ours are ~10 KB; a manifest is read whole before parsing
 MAX_DEPTH = 16  # nesting of the JSON; ours is 6 deep
 MAX_TARGET_BATCH = 4096  # a target graph's fixed batch
-MIN_STD = 1e-6  # a smaller std multiplies pixels by > 1e6: a broken or hostile manifest
 _PRECISION_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
 
 
@@ -474,13 +473,11 @@ def _preprocess(pre: dict[str, Any], config: ViTConfig, io: IOSpec, where: str) 
     if not io.dynamic:
         _need(list(io.inputs[0].shape[2:]) == res, where, "preprocess.resolution",
               f"the static input size {list(io.inputs[0].shape[2:])}", res)
-    C = config.in_chans
-    for key in ("mean", "std"):
-        v = pre.get(key)
-        _need(isinstance(v, list) and len(v) == C and all(_is_number(x) for x in v), where,
-              f"preprocess.{key}", f"{C} finite numbers", v)
-    _need(all(x >= MIN_STD for x in pre["std"]), where, "preprocess.std",
-          f"numbers >= {MIN_STD}", pre["std"])
+    try:  # the bounds every source of these numbers meets (config.check_normalization)
+        check_normalization(pre.get("mean"), pre.get("std"), channels=config.in_chans,
+                            scale=pre.get("scale"), what="preprocess.")
+    except ValueError as e:
+        raise BundleError(f"{where}: {e}") from None
     fields: dict[str, Any] = {"resolution": tuple(res), "mean": tuple(map(float, pre["mean"])),
                               "std": tuple(map(float, pre["std"]))}
     for key, allowed in (("resize", RESIZE_RULES), ("interpolation", INTERPOLATIONS),
@@ -490,8 +487,7 @@ def _preprocess(pre: dict[str, Any], config: ViTConfig, io: IOSpec, where: str) 
                   pre[key])
             fields[key] = pre[key]
     if "scale" in pre:
-        _need(_is_number(pre["scale"]) and pre["scale"] > 0, where, "preprocess.scale",
-              "a positive finite number", pre["scale"])
+        _need(pre["scale"] is not None, where, "preprocess.scale", "a number", None)
         fields["scale"] = float(pre["scale"])
     return PreprocessSpec(**fields)
 
