@@ -18,6 +18,7 @@ from vit_deploy.sizes import format_resolution, parse_resolution
 MAX_THREADS = 256  # more intra-op threads than this is a typo, not a machine
 MAX_BATCH = 4096
 MAX_SEED = 2**32 - 1
+MAX_PATCH = 1024  # pixels per patch side
 
 
 class ResolutionType(click.ParamType):
@@ -172,7 +173,7 @@ def main() -> None:
 @main.command()
 @click.option("--model", "variant_name", default="B", show_default=True,
               help=f"Model size ({', '.join(VARIANTS)}), optionally with /PATCH (B/16).")
-@click.option("--patch", type=click.IntRange(min=1, max=1024), default=None,
+@click.option("--patch", type=click.IntRange(min=1, max=MAX_PATCH), default=None,
               help="Patch size (8, 14, 16, 32 for the named sizes). Default 16 (tiny: 8). "
                    "With a --checkpoint of another patch size, its patch embedding is "
                    "PI-resized (FlexiViT) and its position table resampled.")
@@ -235,22 +236,27 @@ def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | N
     Checks ONNX Runtime (CPU) against PyTorch at several resolutions and batch sizes;
     a failing case fails the export and leaves nothing behind.
     """
+    from vit_deploy.config import config_from_flags
     from vit_deploy.export.bundle import (ExportOptions, default_bundle_name, export_bundle,
                                           model_from_flags, validate_request)
     from vit_deploy.outputs import parse_layers, parse_names
     from vit_deploy.progress import steps
     from vit_deploy.runtime.manifest import load_manifest
 
-    model, fmt = model_from_flags(variant_name, patch=patch, native_res=native_res,
-                                  num_classes=num_classes, pos_embed=pos_embed, pool=pool,
-                                  seed=seed, checkpoint=checkpoint, source=source, heads=heads,
-                                  merge=merge)
-    cfg = model.cfg
     labels = _read_labels(labels_file) if labels_file else None
     options = ExportOptions(resolution=resolution, static=static, simplify=not no_simplify,
                             opset=opset, features=features, force=force, labels=labels,
                             allow_large=force, outputs=parse_names(outputs),
                             layers=parse_layers(layers), layer_norm=layer_norm)
+    if checkpoint is None:  # the flags give the config: refuse (memory guard) before building
+        validate_request(config_from_flags(variant_name, patch=patch, native_res=native_res,
+                                           num_classes=num_classes, pos_embed=pos_embed,
+                                           pool=pool), options)
+    model, fmt = model_from_flags(variant_name, patch=patch, native_res=native_res,
+                                  num_classes=num_classes, pos_embed=pos_embed, pool=pool,
+                                  seed=seed, checkpoint=checkpoint, source=source, heads=heads,
+                                  merge=merge)
+    cfg = model.cfg
     resolution = validate_request(cfg, options)  # fail fast, before minutes of work
     out = out or Path(default_bundle_name(cfg, resolution))
     console = _console()
@@ -686,6 +692,7 @@ def _write_features(session: Any, images: list[Path], pre: Any, path: Path) -> d
 
     from vit_deploy.atomic import write_bytes_atomic
     from vit_deploy.outputs import is_grid_output
+    from vit_deploy.runtime.session import require_finite
 
     names = [n for n in session.output_names if is_grid_output(n)]
     if not names:
@@ -693,7 +700,7 @@ def _write_features(session: Any, images: list[Path], pre: Any, path: Path) -> d
                                f"export with --outputs patch_tokens or --layers")
     arrays: dict[str, np.ndarray] = {"sources": np.array([str(i) for i in images])}
     for i, image in enumerate(images):
-        outs = session.run_all(pre(image)[None])
+        outs = {n: require_finite(v, n) for n, v in session.run_all(pre(image)[None]).items()}
         arrays.update({f"{n}_{i}": outs[n][0] for n in names})
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
@@ -705,6 +712,7 @@ def _write_features(session: Any, images: list[Path], pre: Any, path: Path) -> d
 @main.command()
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option("--patch", "patches", default=None, metavar="P1,P2,...",
+              callback=_csv_list(_count("patch sizes", MAX_PATCH)),
               help="Patch sizes to deploy at (the kernel PI-resized). Default: the checkpoint's.")
 @click.option("--merge-tokens", "merges", default="0", show_default=True, metavar="SPECS",
               help="Token-merging settings: numbers per block, comma-separated (0,4,8), or "
@@ -728,8 +736,8 @@ def _write_features(session: Any, images: list[Path], pre: Any, path: Path) -> d
 @click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="PNG: score against p90 latency, with the Pareto front.")
 @_quiet_option
-def sweep(checkpoint: Path, patches: str | None, merges: str, precisions: tuple[str, ...],
-          resolution: tuple[int, int] | None, eval_set: str, rounds: int, runs: int,
+def sweep(checkpoint: Path, patches: tuple[int, ...] | None, merges: str,
+          precisions: tuple[str, ...], resolution: tuple[int, int] | None, eval_set: str, rounds: int, runs: int,
           threads: int | None, budget_ms: float | None, json_out: Path | None,
           plot_out: Path | None, quiet: bool) -> None:
     """Export CHECKPOINT at every patch size × token merging × precision, score and time
@@ -738,7 +746,7 @@ def sweep(checkpoint: Path, patches: str | None, merges: str, precisions: tuple[
     from vit_deploy.progress import steps
     from vit_deploy.sweep import SweepOptions, parse_list, run_sweep
 
-    options = SweepOptions(patches=parse_list(patches, int), merges=parse_list(merges) or ("0",),
+    options = SweepOptions(patches=patches or (), merges=parse_list(merges) or ("0",),
                            precisions=precisions, resolution=resolution,
                            eval_set=None if eval_set == "none" else eval_set, rounds=rounds,
                            runs=runs, threads=threads, budget_ms=budget_ms)
