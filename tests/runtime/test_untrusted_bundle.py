@@ -475,3 +475,29 @@ def test_a_hf_checkpoint_with_absurd_image_std_writes_nothing(tmp_path, image_st
     r = _cli("export", "--checkpoint", ckpt, "--out", out, "--quiet")
     _assert_refused(r, "preprocessor_config.json", "image_std must be 3 finite numbers")
     assert not out.exists()
+
+
+# -- the Node tests' hostile bundles (web/test/untrusted.test.mjs) ---------------------------
+def write_hostile_bundles(source: Path, out: Path) -> None:
+    """Copies of bundle `source` whose graph lies, each re-hashed (a consistent lie): nan /
+    inf (the logits multiplied by NaN / Inf), collapse (ReduceMean over the batch),
+    symbolic-5 (a width ORT cannot know, and 5 labels for its 10 classes)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, edit in (("nan", _poison(float("nan"))), ("inf", _poison(float("inf"))),
+                       ("collapse", _collapse_batch("ReduceMean")),
+                       ("symbolic-5", _symbolic_width)):
+        b = _copy(source, out, name)
+        _edit(b, lambda m: m.update(models={"fp32": MODEL_FILE}))  # fp32 only
+        _rewrite_model(b, edit)
+    _edit(out / "symbolic-5", lambda m: (m["config"].update(num_classes=5),
+                                         m["io"]["outputs"][0].update(shape=["batch", 5]),
+                                         m.update(labels=[f"c{i}" for i in range(5)])))
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 3:
+        sys.exit("usage: python tests/runtime/test_untrusted_bundle.py BUNDLE OUT_DIR  (writes "
+                 "the hostile bundles of web/test/untrusted.test.mjs)")
+    write_hostile_bundles(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -141,13 +141,12 @@ class ViTSession:
         self.input_shape = list(inp.shape)  # symbolic dims are strings
         self.output_names = [o.name for o in self._session.get_outputs()]
         self.labels: tuple[str, ...] | None = self.manifest.labels if self.manifest else None
-        # The classifier's real width (from the graph, not the manifest), where the graph
-        # fixes it; otherwise the labels are checked against the first output (classify).
-        main = next((o for o in self._session.get_outputs() if o.name == LOGITS_NAME),
-                    self._session.get_outputs()[0])
-        width = main.shape[-1] if main.shape else None
+        # The labels against the logits' real width (the graph's, not the manifest's), where
+        # the graph fixes it; otherwise classify() checks every result.
+        logits = next((o for o in self._session.get_outputs() if o.name == LOGITS_NAME), None)
+        width = logits.shape[-1] if logits is not None and logits.shape else None
         if self.labels is not None and isinstance(width, int):
-            _check_labels(self.labels, width, main.name, self.model_path)
+            _check_labels(self.labels, width, LOGITS_NAME, self.model_path)
         self.split_batches = (self.batch_coupled if options.split_batches is None
                               else options.split_batches)
         self._placement: dict[str, list[str]] | None = None
