@@ -712,7 +712,6 @@ def _write_features(session: Any, images: list[Path], pre: Any, path: Path) -> d
 @main.command()
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option("--patch", "patches", default=None, metavar="P1,P2,...",
-              callback=_csv_list(_count("patch sizes", MAX_PATCH)),
               help="Patch sizes to deploy at (the kernel PI-resized). Default: the checkpoint's.")
 @click.option("--merge-tokens", "merges", default="0", show_default=True, metavar="SPECS",
               help="Token-merging settings: numbers per block, comma-separated (0,4,8), or "
@@ -736,8 +735,8 @@ def _write_features(session: Any, images: list[Path], pre: Any, path: Path) -> d
 @click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="PNG: score against p90 latency, with the Pareto front.")
 @_quiet_option
-def sweep(checkpoint: Path, patches: tuple[int, ...] | None, merges: str,
-          precisions: tuple[str, ...], resolution: tuple[int, int] | None, eval_set: str, rounds: int, runs: int,
+def sweep(checkpoint: Path, patches: str | None, merges: str, precisions: tuple[str, ...],
+          resolution: tuple[int, int] | None, eval_set: str, rounds: int, runs: int,
           threads: int | None, budget_ms: float | None, json_out: Path | None,
           plot_out: Path | None, quiet: bool) -> None:
     """Export CHECKPOINT at every patch size × token merging × precision, score and time
@@ -746,7 +745,11 @@ def sweep(checkpoint: Path, patches: tuple[int, ...] | None, merges: str,
     from vit_deploy.progress import steps
     from vit_deploy.sweep import SweepOptions, parse_list, run_sweep
 
-    options = SweepOptions(patches=patches or (), merges=parse_list(merges) or ("0",),
+    sizes = parse_list(patches, int)
+    if any(not 1 <= p <= MAX_PATCH for p in sizes):  # 0 divided by zero in the model
+        raise click.BadParameter(f"patch sizes must be positive integers up to {MAX_PATCH}, "
+                                 f"got {patches!r}", param_hint="--patch")
+    options = SweepOptions(patches=sizes, merges=parse_list(merges) or ("0",),
                            precisions=precisions, resolution=resolution,
                            eval_set=None if eval_set == "none" else eval_set, rounds=rounds,
                            runs=runs, threads=threads, budget_ms=budget_ms)

@@ -451,7 +451,7 @@ def test_export_refuses_a_size_before_building_the_model(tmp_path, monkeypatch):
     assert not (tmp_path / "x").exists()
 
 
-@pytest.mark.parametrize("patch", ["0", "8,0", "-8", "x", "2000"])
+@pytest.mark.parametrize("patch", ["0", "8,0", "-8", "2000", "0,0"])
 def test_sweep_patch_zero_is_a_usage_error(source, patch):
     r = _cli("sweep", source / WEIGHTS_FILE, "--patch", patch)
     _assert_refused(r, "--patch", "patch sizes must be positive integers up to 1024")
