@@ -258,7 +258,8 @@ def _collapse_batch(op: str):
                                                      [out.name], keepdims=1))
         else:  # the first row only
             for name, v in (("s0", 0), ("e1", 1), ("ax", 0)):
-                model.graph.initializer.append(helper.make_tensor(name, TensorProto.INT64, [1], [v]))
+                model.graph.initializer.append(
+                    helper.make_tensor(name, TensorProto.INT64, [1], [v]))
             model.graph.node.append(helper.make_node("Slice", ["raw_logits", "s0", "e1", "ax"],
                                                      [out.name]))
         out.type.tensor_type.shape.dim[0].dim_param = "rows"
