@@ -34,13 +34,22 @@ def run(*args):
     (["triton", "{bundle}", "--out", "{tmp}/r", "--name", "../up"], "model name"),
     (["serve", "{bundle}", "--port", "70000"], "--port"),
     (["info", "{tmp}"], "manifest.json"),
+    # issue 24: numbers that become arithmetic, guards before allocation, patch 0
+    (["predict", "{onnx}", "{image}", "--res", "32", "--mean", "0.5,0.5,0.5", "--std", "0,0,0"],
+     "std must be 3 finite numbers from 1e-06 to 10000, got [0.0, 0.0, 0.0]"),
+    (["predict", "{onnx}", "{image}", "--res", "32", "--mean", "nan,0.5,0.5", "--std",
+      "0.5,0.5,0.5"], "mean must be finite numbers from -10000 to 10000, got [nan,"),
+    (["predict", "{bundle}", "{image}", "--std", "1e-300,1,1"], "std must be 3 finite numbers"),
+    (["predict", "{bundle}", "{image}", "--res", "8192"], "GiB"),
+    (["sweep", "{weights}", "--patch", "0"], "patch sizes must be positive integers up to 1024"),
 ])
 def test_bad_input_exits_2_with_a_message(tiny_bundle, tmp_path, args, message):
     _, result = tiny_bundle
     image = tmp_path / "cat.png"
     Image.fromarray(np.full((40, 50, 3), 128, np.uint8)).save(image)
     fill = {"{bundle}": str(result.path), "{image}": str(image), "{tmp}": str(tmp_path),
-            "{onnx}": str(result.path / "model.onnx")}
+            "{onnx}": str(result.path / "model.onnx"),
+            "{weights}": str(result.path / "weights.safetensors")}
     args = [fill.get(a, a.replace("{tmp}", str(tmp_path))) for a in args]
     r = run(*args)
     assert r.exit_code == 2, r.output

@@ -101,3 +101,41 @@ def test_manifest_mutations(bundle_dir, tmp_path_factory, path, value):
         pass
     r = CliRunner().invoke(main, ["info", str(bundle)])
     assert r.exit_code in (0, 2) and "Traceback" not in r.output, r.output
+
+
+finite_or_not = st.floats(allow_nan=True, allow_infinity=True) | st.integers(-10**6, 10**6)
+
+
+@SETTINGS
+@given(mean=st.lists(finite_or_not, min_size=1, max_size=4),
+       std=st.lists(finite_or_not, min_size=1, max_size=4), scale=finite_or_not,
+       pixels=hnp.arrays(np.uint8, (9, 11, 3)))
+def test_preprocessing_numbers_are_refused_or_give_finite_inputs(mean, std, scale, pixels):
+    """Whatever mean / std / scale a manifest, checkpoint or flag gives: refused with a
+    ValueError naming the field, or every pixel becomes a finite float32 (issue 24)."""
+    from vit_deploy.runtime.preprocess import Preprocess
+
+    try:
+        pre = Preprocess(resolution=(8, 8), patch_size=8, mean=mean, std=std, scale=scale)
+    except ValueError as e:
+        assert any(k in str(e) for k in ("mean", "std", "scale")), e
+        return
+    assert np.isfinite(pre(pixels)).all()
+
+
+@SETTINGS
+@given(key=st.sampled_from(["mean", "std", "scale"]), value=finite_or_not | st.lists(
+    finite_or_not, min_size=3, max_size=3))
+def test_manifest_preprocessing_numbers_are_refused_or_give_finite_inputs(bundle_dir, key,
+                                                                         value):
+    from vit_deploy.runtime.manifest import Manifest
+    from vit_deploy.runtime.preprocess import Preprocess
+
+    m = json.loads((bundle_dir / MANIFEST_NAME).read_text())
+    m["preprocess"][key] = value
+    try:
+        manifest = Manifest.from_json(json.dumps(m))
+    except (BundleError, ValueError):  # json.dumps refuses nothing; NaN is refused on load
+        return
+    x = Preprocess.from_manifest(manifest)(np.full((9, 11, 3), 255, np.uint8))
+    assert np.isfinite(x).all()

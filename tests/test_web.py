@@ -195,7 +195,8 @@ def _node() -> str:
 def test_node_module_matches_python(fixtures):
     """node --test web/test/: preprocessing, logits, labels and top-k against Python."""
     node = _node()
-    env = {**os.environ, "VIT_DEPLOY_WEB_FIXTURES": str(fixtures)}
+    env = {**os.environ, "VIT_DEPLOY_WEB_FIXTURES": str(fixtures),
+           "VIT_DEPLOY_PYTHON": sys.executable}  # untrusted.test.mjs writes hostile graphs
     r = subprocess.run([node, "--test", "--test-reporter=tap", "test/"], cwd=WEB, env=env,
                        capture_output=True, text=True, timeout=240, check=False)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]

@@ -286,7 +286,7 @@ def _torch_runner(bundle: Path, x: np.ndarray, batch: int, hw, threads,
     rss0 = rss_mb()
     t0 = time.perf_counter()
     torch.set_num_threads(threads or (os.cpu_count() or 1))
-    model = load_model(bundle / weights)
+    model = load_model(manifest.resolve(bundle, weights))  # refused if it leaves the bundle
     xt = torch.from_numpy(x)
 
     def run() -> Any:

@@ -18,6 +18,7 @@ from vit_deploy.sizes import format_resolution, parse_resolution
 MAX_THREADS = 256  # more intra-op threads than this is a typo, not a machine
 MAX_BATCH = 4096
 MAX_SEED = 2**32 - 1
+MAX_PATCH = 1024  # pixels per patch side
 
 
 class ResolutionType(click.ParamType):
@@ -188,7 +189,7 @@ def main() -> None:
 @main.command()
 @click.option("--model", "variant_name", default="B", show_default=True,
               help=f"Model size ({', '.join(VARIANTS)}), optionally with /PATCH (B/16).")
-@click.option("--patch", type=click.IntRange(min=1, max=1024), default=None,
+@click.option("--patch", type=click.IntRange(min=1, max=MAX_PATCH), default=None,
               help="Patch size (8, 14, 16, 32 for the named sizes). Default 16 (tiny: 8). "
                    "With a --checkpoint of another patch size, its patch embedding is "
                    "PI-resized (FlexiViT) and its position table resampled.")
@@ -251,22 +252,27 @@ def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | N
     Checks ONNX Runtime (CPU) against PyTorch at several resolutions and batch sizes;
     a failing case fails the export and leaves nothing behind.
     """
+    from vit_deploy.config import config_from_flags
     from vit_deploy.export.bundle import (ExportOptions, default_bundle_name, export_bundle,
                                           model_from_flags, validate_request)
     from vit_deploy.outputs import parse_layers, parse_names
     from vit_deploy.progress import steps
     from vit_deploy.runtime.manifest import load_manifest
 
-    model, fmt = model_from_flags(variant_name, patch=patch, native_res=native_res,
-                                  num_classes=num_classes, pos_embed=pos_embed, pool=pool,
-                                  seed=seed, checkpoint=checkpoint, source=source, heads=heads,
-                                  merge=merge)
-    cfg = model.cfg
     labels = _read_labels(labels_file) if labels_file else None
     options = ExportOptions(resolution=resolution, static=static, simplify=not no_simplify,
                             opset=opset, features=features, force=force, labels=labels,
                             allow_large=force, outputs=parse_names(outputs),
                             layers=parse_layers(layers), layer_norm=layer_norm)
+    if checkpoint is None:  # the flags give the config: refuse (memory guard) before building
+        validate_request(config_from_flags(variant_name, patch=patch, native_res=native_res,
+                                           num_classes=num_classes, pos_embed=pos_embed,
+                                           pool=pool), options)
+    model, fmt = model_from_flags(variant_name, patch=patch, native_res=native_res,
+                                  num_classes=num_classes, pos_embed=pos_embed, pool=pool,
+                                  seed=seed, checkpoint=checkpoint, source=source, heads=heads,
+                                  merge=merge)
+    cfg = model.cfg
     resolution = validate_request(cfg, options)  # fail fast, before minutes of work
     out = out or Path(default_bundle_name(cfg, resolution))
     console = _console()
@@ -708,6 +714,7 @@ def _write_features(session: Any, images: list[Path], pre: Any, path: Path) -> d
 
     from vit_deploy.atomic import write_bytes_atomic
     from vit_deploy.outputs import is_grid_output
+    from vit_deploy.runtime.session import require_finite
 
     names = [n for n in session.output_names if is_grid_output(n)]
     if not names:
@@ -715,7 +722,7 @@ def _write_features(session: Any, images: list[Path], pre: Any, path: Path) -> d
                                f"export with --outputs patch_tokens or --layers")
     arrays: dict[str, np.ndarray] = {"sources": np.array([str(i) for i in images])}
     for i, image in enumerate(images):
-        outs = session.run_all(pre(image)[None])
+        outs = {n: require_finite(v, n) for n, v in session.run_all(pre(image)[None]).items()}
         arrays.update({f"{n}_{i}": outs[n][0] for n in names})
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
@@ -761,7 +768,11 @@ def sweep(checkpoint: Path, patches: str | None, merges: str, precisions: tuple[
     from vit_deploy.sweep import SweepOptions, parse_list, run_sweep
 
     _refuse_clobber({"--json": json_out, "--plot": plot_out}, bundles=[checkpoint])
-    options = SweepOptions(patches=parse_list(patches, int), merges=parse_list(merges) or ("0",),
+    sizes = parse_list(patches, int)
+    if any(not 1 <= p <= MAX_PATCH for p in sizes):  # 0 divided by zero in the model
+        raise click.BadParameter(f"patch sizes must be positive integers up to {MAX_PATCH}, "
+                                 f"got {patches!r}", param_hint="--patch")
+    options = SweepOptions(patches=sizes, merges=parse_list(merges) or ("0",),
                            precisions=precisions, resolution=resolution,
                            eval_set=None if eval_set == "none" else eval_set, rounds=rounds,
                            runs=runs, threads=threads, budget_ms=budget_ms)

@@ -28,6 +28,49 @@ VARIANTS: dict[str, dict[str, int]] = {
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
+# Bounds on what preprocessing computes with, (pixel * scale - mean) / std, wherever it
+# comes from (a manifest, a checkpoint, a flag): any 8-bit pixel then gives a finite
+# float32 of at most (255 * MAX_SCALE + MAX_ABS_MEAN) / MIN_STD ≈ 2.6e11. Real values sit
+# far inside: mean 0..1 (0..255 with scale 1), std 0.2..80, scale 1/255 or 1.
+MAX_ABS_MEAN = 1e4
+MIN_STD, MAX_STD = 1e-6, 1e4  # below MIN_STD a pixel is multiplied by > 1e6
+MIN_SCALE, MAX_SCALE = 1e-6, 1e3
+
+
+def check_normalization(mean: Any, std: Any, *, channels: int | None = None,
+                        scale: Any = None, what: str = "") -> None:
+    """ValueError, naming `what` + the field, what was expected and what was given, unless
+    mean and std are `channels` (default: as many as each other, 1 or more) real numbers
+    within the bounds above, and `scale` (if given) too. The one validator for the
+    manifest, the config, checkpoints, the runtime's Preprocess and the CLI's flags."""
+    if (channels is None and isinstance(mean, (list, tuple)) and isinstance(std, (list, tuple))
+            and len(mean) != len(std)):
+        raise ValueError(f"{what}mean and {what}std must have as many values (one per "
+                         f"channel), got {len(mean)} and {len(std)}")
+    n = channels
+    for name, values, low, high in (("mean", mean, -MAX_ABS_MEAN, MAX_ABS_MEAN),
+                                    ("std", std, MIN_STD, MAX_STD)):
+        count = f"{n} " if n is not None else ""
+        if not (isinstance(values, (list, tuple)) and values
+                and (n is None or len(values) == n)
+                and all(_is_real(v) and low <= v <= high for v in values)):
+            raise ValueError(f"{what}{name} must be {count}finite numbers from {low:g} to "
+                             f"{high:g}, got {_show(values)}")
+        n = len(values)
+    if scale is not None and not (_is_real(scale) and MIN_SCALE <= scale <= MAX_SCALE):
+        raise ValueError(f"{what}scale must be a finite number from {MIN_SCALE:g} to "
+                         f"{MAX_SCALE:g}, got {_show(scale)}")
+
+
+def _is_real(v: Any) -> bool:
+    """An int or float that is finite (False for bools, NaN, ±Inf, strings)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _show(value: Any) -> str:
+    text = repr(list(value) if isinstance(value, tuple) else value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
 
 @dataclass(frozen=True, kw_only=True)
 class ViTConfig:
@@ -92,9 +135,6 @@ class ViTConfig:
             (all(s % self.patch_size == 0 and s > 0 for s in self.img_size),
              f"img_size {self.img_size} must be positive multiples of patch_size "
              f"{self.patch_size}"),
-            (len(self.mean) == self.in_chans and len(self.std) == self.in_chans,
-             f"mean/std need {self.in_chans} values, got {len(self.mean)}/{len(self.std)}"),
-            (all(s > 0 for s in self.std), f"std must be positive, got {self.std}"),
             (len(self.merge) in (0, self.depth) and all(
                 isinstance(r, int) and r >= 0 for r in self.merge),
              f"merge must be empty or {self.depth} numbers >= 0 (one per block), "
@@ -103,6 +143,7 @@ class ViTConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        check_normalization(self.mean, self.std, channels=self.in_chans)
 
     @property
     def grid_size(self) -> tuple[int, int]:

@@ -29,7 +29,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
 from vit_deploy.atomic import write_bytes_atomic
-from vit_deploy.config import IMAGENET_MEAN, IMAGENET_STD, ViTConfig
+from vit_deploy.config import IMAGENET_MEAN, IMAGENET_STD, ViTConfig, check_normalization
 from vit_deploy.export.model import ViT, build_model
 
 CONFIG_KEY = "vit_deploy.config"
@@ -729,5 +729,9 @@ def _hf_normalisation(directory: Path,
                     raise CheckpointError(f"{str(pre)!r}: {key} must be a list of numbers, got "
                                           f"{repr(data[key])[:40]}")
                 values.append(tuple(float(x) for x in v))
+            try:  # the bounds the manifest is held to on load: refused here, not after writing
+                check_normalization(*values, channels=channels, what="image_")
+            except ValueError as e:
+                raise CheckpointError(f"{str(pre)!r}: {e}") from None
             return values[0], values[1]
     return IMAGENET_MEAN, IMAGENET_STD

@@ -27,7 +27,7 @@ import numpy as np
 import onnxruntime as ort
 
 from vit_deploy.contract import BUCKET_POLICIES
-from vit_deploy.runtime.manifest import BundleError, Manifest, TargetSpec
+from vit_deploy.runtime.manifest import BundleError, Manifest, TargetSpec, bundle_path
 from vit_deploy.runtime.preprocess import Preprocess, group_by_shape, load_image
 
 ASPECT_TIE = 1e-9  # log-aspect differences below this are ties
@@ -121,7 +121,7 @@ class BucketRunner:
         if graph is None:
             raise BundleError(f"target {self.spec.name!r} has no {self.precision} graph at "
                               f"{hw[0]}x{hw[1]}; its buckets are {list(self.resolutions)}")
-        return (self.root / graph.file).resolve()
+        return bundle_path(self.root, graph.file)  # refused if it leaves the bundle
 
     def session(self, hw: tuple[int, int]) -> ort.InferenceSession:
         hw = tuple(hw)

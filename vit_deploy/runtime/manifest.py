@@ -2,10 +2,11 @@
 
 Written by the exporter and by every command that adds to a bundle, read by everything
 else through its fields and methods. `Manifest.from_dict` validates types *and* values
-(finite mean / std above a floor, sane resolutions, labels matching the classes, file
-names that stay inside the bundle, bounded nesting) and reads every format version up to
-ours: v1 (before the typed manifest) left some preprocessing fields and file roles
-implicit; they are filled with what v1 always meant.
+(mean, std and scale within config.check_normalization's bounds, sane resolutions,
+labels matching the classes, file names that stay inside the bundle, bounded nesting;
+`bundle_path` is the one way from a listed name to a file) and reads every format
+version up to ours: v1 (before the typed manifest) left some preprocessing fields and file
+roles implicit; they are filled with what v1 always meant.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from vit_deploy.config import ViTConfig
+from vit_deploy.config import ViTConfig, check_normalization
 from vit_deploy.contract import (BUCKET_POLICIES, BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION,
                                  INTERPOLATIONS, MANIFEST_NAME, PRECISIONS, RESIZE_RULES,
                                  TARGETS, WEIGHTS_ROLE, model_role)
@@ -30,7 +31,6 @@ from vit_deploy.sizes import MAX_SIDE, format_resolution, require_patch_multiple
 MAX_MANIFEST_BYTES = 16 * 2**20  # ours are ~10 KB; a manifest is read whole before parsing
 MAX_DEPTH = 16  # nesting of the JSON; ours is 6 deep
 MAX_TARGET_BATCH = 4096  # a target graph's fixed batch
-MIN_STD = 1e-6  # a smaller std multiplies pixels by > 1e6: a broken or hostile manifest
 _PRECISION_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
 
 
@@ -192,12 +192,12 @@ class Manifest:
             self.model_file(precision)
 
     def resolve(self, root: str | Path, name: str) -> Path:
-        """`root/name`, refused if it leaves the bundle (a symlink included)."""
-        base = Path(root).resolve()
-        path = (base / name).resolve()
-        if base not in path.parents:
-            raise BundleError(f"manifest lists {name!r}, which lies outside the bundle")
-        return path
+        """The path of a file this manifest lists (see `bundle_path`); a name it does not
+        list is refused too, so every file opened is one the manifest hashes."""
+        if name not in self.files:
+            raise BundleError(f"{name!r} is not a file of this bundle (the manifest lists "
+                              f"{sorted(self.files)[:8]})")
+        return bundle_path(root, name)
 
     def model_path(self, root: str | Path, precision: str) -> Path:
         return self.resolve(root, self.model_file(precision))
@@ -402,6 +402,22 @@ def load_manifest(bundle: str | Path, *, verify: bool = True) -> Manifest:
     return manifest
 
 
+def bundle_path(root: str | Path, name: str) -> Path:
+    """The one way from a file name a manifest gives to a path, whatever `verify` says:
+    `root/name` resolved, refused (BundleError) when the name is absolute, holds `..`, a
+    backslash or NUL, or resolves (through symlinks, at any depth) outside `root`. Links
+    that stay inside the bundle are followed."""
+    if not _safe_name(name):
+        raise BundleError(f"manifest names file {str(name)[:80]!r}: expected a relative path "
+                          f"inside the bundle (no absolute path, no '..')")
+    base = Path(root).resolve()
+    path = (base / name).resolve()
+    if base not in path.parents:
+        raise BundleError(f"manifest names file {name!r}, which resolves to {str(path)!r}, "
+                          f"outside the bundle {str(base)!r} (a symlink leaving it?); refused")
+    return path
+
+
 # -- validation helpers ----------------------------------------------------------------
 def _need(ok: bool, where: str, field_: str, expected: str, got: Any) -> None:
     if not ok:
@@ -473,13 +489,11 @@ def _preprocess(pre: dict[str, Any], config: ViTConfig, io: IOSpec, where: str) 
     if not io.dynamic:
         _need(list(io.inputs[0].shape[2:]) == res, where, "preprocess.resolution",
               f"the static input size {list(io.inputs[0].shape[2:])}", res)
-    C = config.in_chans
-    for key in ("mean", "std"):
-        v = pre.get(key)
-        _need(isinstance(v, list) and len(v) == C and all(_is_number(x) for x in v), where,
-              f"preprocess.{key}", f"{C} finite numbers", v)
-    _need(all(x >= MIN_STD for x in pre["std"]), where, "preprocess.std",
-          f"numbers >= {MIN_STD}", pre["std"])
+    try:  # the bounds every source of these numbers meets (config.check_normalization)
+        check_normalization(pre.get("mean"), pre.get("std"), channels=config.in_chans,
+                            scale=pre.get("scale"), what="preprocess.")
+    except ValueError as e:
+        raise BundleError(f"{where}: {e}") from None
     fields: dict[str, Any] = {"resolution": tuple(res), "mean": tuple(map(float, pre["mean"])),
                               "std": tuple(map(float, pre["std"]))}
     for key, allowed in (("resize", RESIZE_RULES), ("interpolation", INTERPOLATIONS),
@@ -489,8 +503,7 @@ def _preprocess(pre: dict[str, Any], config: ViTConfig, io: IOSpec, where: str) 
                   pre[key])
             fields[key] = pre[key]
     if "scale" in pre:
-        _need(_is_number(pre["scale"]) and pre["scale"] > 0, where, "preprocess.scale",
-              "a positive finite number", pre["scale"])
+        _need(pre["scale"] is not None, where, "preprocess.scale", "a number", None)
         fields["scale"] = float(pre["scale"])
     return PreprocessSpec(**fields)
 

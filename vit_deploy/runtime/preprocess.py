@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
 import numpy as np
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
+from vit_deploy.config import check_normalization
 from vit_deploy.contract import RESIZE_RULES
 from vit_deploy.runtime.manifest import Manifest
 from vit_deploy.sizes import MAX_SIDE, require_patch_multiple
@@ -42,8 +43,34 @@ class Preprocess:
     resize: str = "shorter_side_center_crop"
     interpolation: str = "bicubic"
     scale: float = 1 / 255
+    # Called with the model input's (H, W) once it is known and before any pixel is resized
+    # or allocated: a session passes its size check (patch multiples, memory guard), so a
+    # size it would refuse is refused before gigabytes are spent preparing it.
+    guard: Callable[[int, int], None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        res = self.resolution
+        res = (res, res) if isinstance(res, int) and not isinstance(res, bool) else res
+        if not (isinstance(res, (tuple, list)) and len(res) == 2 and all(
+                _is_int(v) and 1 <= v <= MAX_SIDE for v in res)):
+            raise ValueError(f"resolution must be (height, width) of integers from 1 to "
+                             f"{MAX_SIDE}, got {res!r}"[:200])
+        object.__setattr__(self, "resolution", (int(res[0]), int(res[1])))
+        if not (_is_int(self.patch_size) and 1 <= self.patch_size <= MAX_SIDE):
+            raise ValueError(f"patch_size must be an integer from 1 to {MAX_SIDE}, got "
+                             f"{self.patch_size!r}"[:200])
+        try:  # numpy scalars and ints become floats; strings and None are refused
+            mean, std = (tuple(float(v) for v in self.mean), tuple(float(v) for v in self.std))
+            scale = float(self.scale)
+        except (TypeError, ValueError):
+            raise ValueError(f"mean, std and scale must be numbers, got mean {self.mean!r}, "
+                             f"std {self.std!r}, scale {self.scale!r}"[:300]) from None
+        check_normalization(mean, std, scale=scale)
+        if len(mean) not in (1, 3):  # the image is RGB: one value for all, or one each
+            raise ValueError(f"mean and std must hold 1 or 3 values (RGB), got {len(mean)}")
+        object.__setattr__(self, "mean", mean)
+        object.__setattr__(self, "std", std)
+        object.__setattr__(self, "scale", scale)
         if self.resize not in RESIZE_RULES:
             raise ValueError(f"resize rule must be one of {RESIZE_RULES}, got {self.resize!r}")
         if self.interpolation not in _RESAMPLE:
@@ -73,6 +100,8 @@ class Preprocess:
 
     def array(self, image: Image.Image) -> np.ndarray:
         (th, tw), (rh, rw) = _resize_plan(self, *image.size)  # refused here if too large
+        if self.guard is not None:
+            self.guard(th, tw)  # before anything is resized or allocated
         image = image.resize((rw, rh), _RESAMPLE[self.interpolation])
         if (rh, rw) != (th, tw):  # shorter side resized to cover the target: centre crop
             left, top = (rw - tw) // 2, (rh - th) // 2
@@ -85,6 +114,10 @@ class Preprocess:
     def batches(self, images: Sequence[ImageInput]) -> list[tuple[list[int], np.ndarray]]:
         """Group same-size results: [(indices into `images`, (b, C, H, W) array), ...]."""
         return group_by_shape(list(enumerate(self(image) for image in images)))
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
 def group_by_shape(items: Sequence[tuple[int, np.ndarray]]) -> list[tuple[list[int], np.ndarray]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import warnings
@@ -39,6 +40,10 @@ OPTIMIZATION_LEVELS = {
 
 class InputError(ValueError):
     """An input array the model cannot take: says what was expected and what was given."""
+
+
+class OutputError(ValueError):
+    """A model output that is no result (NaN or ±Inf): says which output and how many."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,13 +133,15 @@ class ViTSession:
         self._session, self.fallback_reason, self.cache_hit = _create_session(
             self.model_path, self.requested, options, fallback)
         self.providers: list[str] = self._session.get_providers()
+        stored = _config_from_metadata(self._session)  # what the exporter wrote into the file
+        if self.manifest is not None:
+            _check_manifest_against_model(self.manifest, stored, self.model_path)
+        self.config: ViTConfig | None = self.manifest.config if self.manifest else stored
         # int8 with 8-bit weights saturates on x86 CPUs with AVX2 only (runtime/cpu.py)
         self.cpu_warning = int8_warning(self.manifest.int8_cpu(precision) if self.manifest
                                         else None, self.providers[0])
         if self.cpu_warning:
             warnings.warn(self.cpu_warning, RuntimeWarning, stacklevel=2)
-        self.config: ViTConfig | None = (self.manifest.config if self.manifest
-                                         else _config_from_metadata(self._session))
         self.patch_size: int | None = self.config.patch_size if self.config else None
         inp = self._session.get_inputs()[0]
         self.in_chans: int = (self.config.in_chans if self.config else
@@ -143,6 +150,12 @@ class ViTSession:
         self.input_shape = list(inp.shape)  # symbolic dims are strings
         self.output_names = [o.name for o in self._session.get_outputs()]
         self.labels: tuple[str, ...] | None = self.manifest.labels if self.manifest else None
+        # The labels against the logits' real width (the graph's, not the manifest's), where
+        # the graph fixes it; otherwise classify() checks every result.
+        logits = next((o for o in self._session.get_outputs() if o.name == LOGITS_NAME), None)
+        width = logits.shape[-1] if logits is not None and logits.shape else None
+        if self.labels is not None and isinstance(width, int):
+            _check_labels(self.labels, width, LOGITS_NAME, self.model_path)
         self.split_batches = (self.batch_coupled if options.split_batches is None
                               else options.split_batches)
         self._placement: dict[str, list[str]] | None = None
@@ -180,14 +193,14 @@ class ViTSession:
         images = _as_list(images)
         if not images:
             raise InputError("no images given")
-        pre = preprocess or self.preprocess(resize="patch_multiple")
+        pre = self._guarded(preprocess or self.preprocess(resize="patch_multiple"))
         groups = pre.batches(images)
         if len(groups) > 1:
             sizes = [f"{b.shape[2]}x{b.shape[3]}" for _, b in groups]
             raise InputError(f"these images preprocess to {len(groups)} sizes ({', '.join(sizes)}), "
                              f"so their grids differ; call features() once per size, or pass "
                              f"a preprocess with the resize rule shorter_side_center_crop")
-        return self.run_all(groups[0][1])[output]
+        return require_finite(self.run_all(groups[0][1])[output], output)
 
     def _require_output(self, name: str, how: str) -> str:
         if name not in self.output_names:
@@ -200,11 +213,18 @@ class ViTSession:
         x = self.validate_input(pixel_values)
         session = self._live()
         if self.buckets is not None and self.buckets.covers(x.shape[2:]):
-            return self.buckets.run(x, self.input_name)
-        if self.split_batches and len(x) > 1:
+            outs = self.buckets.run(x, self.input_name)
+        elif self.split_batches and len(x) > 1:
             parts = [self._run_checked(session, x[i:i + 1]) for i in range(len(x))]
-            return {name: np.concatenate([p[name] for p in parts]) for name in self.output_names}
-        return self._run_checked(session, x)
+            outs = {name: np.concatenate([p[name] for p in parts]) for name in self.output_names}
+        else:
+            outs = self._run_checked(session, x)
+        for name, out in outs.items():  # every output is batch-first: one row per image
+            if out.ndim == 0 or out.shape[0] != len(x):
+                raise BundleError(f"{str(self.model_path)!r}: output {name!r} has shape "
+                                  f"{list(out.shape)} for a batch of {len(x)} image(s); "
+                                  f"expected {len(x)} row(s) (the graph does not keep the batch)")
+        return outs
 
     def _run_checked(self, session: ort.InferenceSession, x: np.ndarray) -> dict[str, np.ndarray]:
         if self.options.io_binding:
@@ -231,7 +251,7 @@ class ViTSession:
         if top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
         images = _as_list(images)
-        pre = preprocess or self.preprocess()
+        pre = self._guarded(preprocess or self.preprocess())
         results: list[Prediction | None] = [None] * len(images)
         groups = (self.buckets.batches(images, pre) if self.buckets is not None and preprocess
                   is None else pre.batches(images))
@@ -242,7 +262,15 @@ class ViTSession:
 
     def classify(self, batch: np.ndarray, top_k: int) -> list[list[Classified]]:
         """Normalised (B, C, H, W) -> the top-k classes of each image, best first."""
-        probs = softmax(self.run(batch))
+        outs = self.run_all(batch)
+        name = LOGITS_NAME if LOGITS_NAME in outs else self.output_names[0]
+        logits = require_finite(outs[name], name)
+        if logits.ndim != 2:
+            raise BundleError(f"{str(self.model_path)!r}: output {name!r} has shape "
+                              f"{list(logits.shape)}; classifying needs (batch, classes)")
+        if self.labels is not None:
+            _check_labels(self.labels, logits.shape[1], name, self.model_path)
+        probs = softmax(logits)
         k = min(top_k, probs.shape[1])
         return [[Classified(int(j), self.labels[j] if self.labels else None, float(row[j]))
                  for j in np.argsort(-row, kind="stable")[:k]] for row in probs]
@@ -257,8 +285,34 @@ class ViTSession:
                     f"{str(self.model_path)!r} is a bare .onnx file without a manifest, so it "
                     f"does not say how to preprocess: pass {', '.join(missing) or 'patch_size'} "
                     f"(vit-deploy predict: --res, --mean, --std), or run a bundle directory")
-            return Preprocess(patch_size=self.patch_size, **given)
-        return Preprocess.from_manifest(self.manifest, **overrides)
+            return Preprocess(patch_size=self.patch_size, guard=self.check_size, **given)
+        return Preprocess.from_manifest(self.manifest, guard=self.check_size, **overrides)
+
+    def _guarded(self, pre: Preprocess) -> Preprocess:
+        """`pre` refusing, before it resizes anything, a size this session would refuse."""
+        return pre if pre.guard is not None else dataclasses.replace(pre, guard=self.check_size)
+
+    def check_size(self, height: int, width: int, batch: int = 1) -> None:
+        """InputError unless this model takes (batch, C, height, width): a static graph's
+        size, patch multiples, room for token merging, and (unless allow_large) the
+        attention memory estimate. Preprocessing calls it before allocating the input."""
+        static = self.input_shape[2:]
+        if all(isinstance(d, int) for d in static) and (height, width) != tuple(static):
+            raise InputError(f"this model is static at {static[0]}x{static[1]}, got "
+                             f"{height}x{width}")
+        if self.patch_size:
+            try:
+                require_patch_multiple(height, width, self.patch_size)
+                if self.config is not None:
+                    require_merge_room(height, width, self.config)
+            except ValueError as e:
+                raise InputError(str(e)) from None
+        if self.config and not self.options.allow_large:
+            try:
+                guard_memory(height, width, self.config,
+                             batch=1 if self.split_batches else batch)
+            except MemoryEstimateError as e:
+                raise InputError(str(e)) from None
 
     def validate_input(self, x: Any) -> np.ndarray:
         if not isinstance(x, np.ndarray):
@@ -273,21 +327,7 @@ class ViTSession:
             raise InputError(f"batch must hold at least one image, got shape {x.shape}")
         if C != self.in_chans:
             raise InputError(f"expected {self.in_chans} channels, got {C} (shape {x.shape})")
-        static = self.input_shape[2:]
-        if all(isinstance(d, int) for d in static) and (H, W) != tuple(static):
-            raise InputError(f"this model is static at {static[0]}x{static[1]}, got {H}x{W}")
-        if self.patch_size:
-            try:
-                require_patch_multiple(H, W, self.patch_size)
-                if self.config is not None:
-                    require_merge_room(H, W, self.config)
-            except ValueError as e:
-                raise InputError(str(e)) from None
-        if self.config and not self.options.allow_large:
-            try:
-                guard_memory(H, W, self.config, batch=1 if self.split_batches else B)
-            except MemoryEstimateError as e:
-                raise InputError(str(e)) from None
+        self.check_size(H, W, B)
         x = np.ascontiguousarray(x, dtype=np.float32)
         if self.options.reject_nonfinite and not np.isfinite(x).all():
             raise InputError(f"input holds {int((~np.isfinite(x)).sum())} NaN/Inf values")
@@ -361,6 +401,39 @@ def _describe(image: Any) -> str:
     if isinstance(image, (bytes, bytearray)):
         return f"<{len(image)} bytes>"
     return f"<{type(image).__name__} {getattr(image, 'size', '')}>"
+
+
+def require_finite(values: np.ndarray, name: str) -> np.ndarray:
+    """`values`, or an OutputError when the model produced NaN or ±Inf there: such numbers
+    are no result (softmax turns them into NaN probabilities) and are never returned as one."""
+    bad = ~np.isfinite(values)
+    if bad.any():
+        raise OutputError(f"the model's output {name!r} holds {int(bad.sum())} NaN/Inf "
+                          f"value(s) of {values.size}: no usable result (a broken model, "
+                          f"or preprocessing values that overflow it)")
+    return values
+
+
+def _check_labels(labels: tuple[str, ...], width: int, output: str, path: Path) -> None:
+    if len(labels) != width:
+        raise BundleError(f"the manifest has {len(labels)} labels, but the model's output "
+                          f"{output!r} in {str(path)!r} has {width} classes; expected one "
+                          f"label per class")
+
+
+def _check_manifest_against_model(manifest: Manifest, stored: ViTConfig | None,
+                                  path: Path) -> None:
+    """The manifest's claims against the config the exporter wrote into the model file's
+    own metadata (absent in a foreign file: nothing to compare)."""
+    if stored is None:
+        return
+    for what, claimed, real in (("patch size", manifest.io.patch_size, stored.patch_size),
+                                ("input channels", manifest.config.in_chans, stored.in_chans)):
+        if claimed != real:
+            raise BundleError(f"the manifest says {what} {claimed}, but {str(path)!r} was "
+                              f"exported with {what} {real} (its metadata "
+                              f"{METADATA_CONFIG_KEY!r}); the manifest does not describe "
+                              f"this model")
 
 
 def _config_from_metadata(session: ort.InferenceSession) -> ViTConfig | None:

@@ -25,7 +25,7 @@ from typing import Any
 
 from vit_deploy.contract import INPUT_NAME
 from vit_deploy.runtime.graph_cache import CACHE_DIR
-from vit_deploy.runtime.manifest import Manifest
+from vit_deploy.runtime.manifest import Manifest, bundle_path
 from vit_deploy.runtime.providers import Provider
 
 TENSORRT = "TensorrtExecutionProvider"
@@ -141,10 +141,9 @@ def tensorrt_defaults(requested: list[Provider], bundle: str | Path, manifest: M
         return requested
     profile = dynamic_profile(manifest)
     if graph is not None:
-        root = Path(bundle).resolve()
         for target in manifest.targets.values():
             for g in target.graphs:
-                if (root / g.file).resolve() == Path(graph).resolve():
+                if bundle_path(bundle, g.file) == Path(graph).resolve():
                     profile = static_profile(g.batch, manifest.config.in_chans, g.resolution)
     gpu, version = gpu_identity()
     options = tensorrt_options(bundle, precision, profile, gpu=gpu, trt_version=version)

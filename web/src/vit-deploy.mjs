@@ -21,6 +21,13 @@ export const MAX_SIDE = 16384; // the longest side a resize rule may give the mo
 export const WEB_RECORD = 'web.json'; // what `vit-deploy web` adds beside the manifest
 export const LOGITS = 'logits';
 export const PATCH_TOKENS = 'patch_tokens';
+// Bounds on what preprocessing computes with, (pixel * scale - mean) / std: those of
+// vit_deploy/config.py's check_normalization (any 8-bit pixel gives a finite float32).
+export const MAX_ABS_MEAN = 1e4;
+export const MIN_STD = 1e-6;
+export const MAX_STD = 1e4;
+export const MIN_SCALE = 1e-6;
+export const MAX_SCALE = 1e3;
 
 /** Outputs laid out on the patch grid, [batch, width, gh, gw]: patch_tokens and layer_N
  * (vit_deploy/outputs.py's is_grid_output). */
@@ -47,6 +54,75 @@ function need(ok, where, field, expected, got) {
 }
 
 const isInt = (v, low = 0) => Number.isInteger(v) && v >= low;
+const isReal = (v) => typeof v === 'number' && Number.isFinite(v);
+
+/**
+ * An Error (what + field, expected, given) unless mean and std are `channels` (default: as
+ * many as each other) finite numbers within the bounds above, and `scale` (if given) too.
+ * The one check for the manifest and for Preprocess (options a caller passes included).
+ */
+export function checkNormalization(mean, std, { channels = null, scale, what = '' } = {}) {
+  if (channels === null && Array.isArray(mean) && Array.isArray(std) && mean.length !== std.length) {
+    throw new Error(`${what}mean and ${what}std must have as many values (one per channel), ` +
+      `got ${mean.length} and ${std.length}`);
+  }
+  let n = channels;
+  for (const [name, values, low, high] of [['mean', mean, -MAX_ABS_MEAN, MAX_ABS_MEAN],
+    ['std', std, MIN_STD, MAX_STD]]) {
+    if (!(Array.isArray(values) && values.length > 0 && (n === null || values.length === n) &&
+      values.every((v) => isReal(v) && v >= low && v <= high))) {
+      throw new Error(`${what}${name} must be ${n === null ? '' : `${n} `}finite numbers from ` +
+        `${low} to ${high}, got ${show(values)}`);
+    }
+    n = values.length;
+  }
+  if (scale !== undefined && !(isReal(scale) && scale >= MIN_SCALE && scale <= MAX_SCALE)) {
+    throw new Error(`${what}scale must be a finite number from ${MIN_SCALE} to ${MAX_SCALE}, ` +
+      `got ${show(scale)}`);
+  }
+}
+
+/** A file name a bundle gives (manifest, web.json): a relative path inside it, as Python's
+ * bundle_path; no absolute path or URL, no '..', no backslash, NUL, '?' or '#'. */
+function safeName(name) {
+  return typeof name === 'string' && name.length > 0 && name.length <= 4096 &&
+    !/[\\\0?#]/.test(name) && !name.startsWith('/') && !/^[a-z][a-z0-9+.-]*:/i.test(name) &&
+    !name.split('/').some((part) => part === '..' || /^(\.|%2e){2}$/i.test(part));
+}
+
+/**
+ * The one way from a file name the bundle gives to a URL: refused (BundleError) unless it is
+ * a relative path that stays under `base` (same origin, same directory). In Node, for
+ * file: URLs, the real path (symlinks resolved) must stay inside the bundle's real path too.
+ */
+export async function bundleFile(base, name, what = 'file') {
+  if (!safeName(name)) {
+    throw new BundleError(`${what} ${show(name)}: expected a relative path inside the bundle ` +
+      `(no absolute path or URL, no '..')`);
+  }
+  const url = new URL(name, base);
+  if (url.origin !== base.origin || !url.href.startsWith(base.href)) {
+    throw new BundleError(`${what} ${show(name)} resolves to ${url.href}, outside the bundle ${base.href}; refused`);
+  }
+  if (IS_NODE && url.protocol === 'file:') {
+    const { realpath } = await import('node:fs/promises');
+    const { fileURLToPath } = await import('node:url');
+    const path = await import('node:path');
+    let root;
+    let real;
+    try {
+      root = await realpath(fileURLToPath(base));
+      real = await realpath(fileURLToPath(url));
+    } catch (e) {
+      throw new BundleError(`${what} ${show(name)} could not be read from the bundle (${e.code ?? e.message})`);
+    }
+    if (!real.startsWith(root + path.sep)) {
+      throw new BundleError(`${what} ${show(name)} resolves to ${real}, outside the bundle ${root} ` +
+        `(a symlink leaving it?); refused`);
+    }
+  }
+  return url;
+}
 
 /**
  * The parts of a manifest (format v1 or v2, as runtime/manifest.py writes it) this runtime
@@ -71,24 +147,26 @@ export function readManifest(m, where = 'manifest') {
   need(Array.isArray(res) && res.length === 2 && res.every((v) => isInt(v, P) && v % P === 0 &&
     v <= MAX_SIDE), where, 'preprocess.resolution',
   `[height, width], multiples of the patch size ${P} up to ${MAX_SIDE}`, res);
-  for (const key of ['mean', 'std']) {
-    need(Array.isArray(pre[key]) && pre[key].length === 3 &&
-      pre[key].every((x) => Number.isFinite(x)), where, `preprocess.${key}`, '3 finite numbers',
-    pre[key]);
-  }
-  need(pre.std.every((x) => x >= 1e-6), where, 'preprocess.std', 'numbers >= 1e-6', pre.std);
   const resize = pre.resize ?? 'shorter_side_center_crop';
   const interpolation = pre.interpolation ?? 'bicubic';
-  const scale = pre.scale ?? 1 / 255;
+  const scale = pre.scale === undefined ? 1 / 255 : pre.scale;
+  try { // the bounds every source of these numbers meets (as Python's manifest)
+    checkNormalization(pre.mean, pre.std, { channels: 3, scale, what: 'preprocess.' });
+  } catch (e) {
+    throw new BundleError(`${where}: ${e.message}`);
+  }
   need(RESIZE_RULES.includes(resize), where, 'preprocess.resize', `one of ${show(RESIZE_RULES)}`,
     resize);
   need(INTERPOLATIONS.includes(interpolation), where, 'preprocess.interpolation',
     `one of ${show(INTERPOLATIONS)}`, interpolation);
-  need(Number.isFinite(scale) && scale > 0, where, 'preprocess.scale',
-    'a positive finite number', scale);
   const models = m.models ?? {};
   need(typeof models === 'object' && typeof models.fp32 === 'string', where, 'models',
     'an object with an fp32 model', models);
+  const files = m.files ?? {};
+  for (const [precision, file] of Object.entries(models)) {
+    need(safeName(file) && Object.hasOwn(files, file), where, `models[${show(precision)}]`,
+      'a relative path inside the bundle listed under files', file);
+  }
   // one label per class: the logits' last dimension (the classes of the config without it)
   const logits = io.outputs.find((o) => o.name === LOGITS);
   const classes = logits ? logits.shape?.at(-1) : (m.config?.num_classes || null);
@@ -135,12 +213,17 @@ export class Preprocess {
         `${show(interpolation)}`);
     }
     const r = typeof resolution === 'number' ? [resolution, resolution] : resolution;
-    if (!Array.isArray(r) || r.length !== 2 || !r.every((v) => isInt(v, 1))) {
-      throw new Error(`resolution must be N or [height, width] of positive integers, got ` +
+    if (!Array.isArray(r) || r.length !== 2 || !r.every((v) => isInt(v, 1) && v <= MAX_SIDE)) {
+      throw new Error(`resolution must be N or [height, width] of integers from 1 to ${MAX_SIDE}, got ` +
         `${show(resolution)}`);
     }
-    Object.assign(this, { resolution: [r[0], r[1]], patchSize, mean, std, resize, interpolation,
-      scale });
+    if (!(isInt(patchSize, 1) && patchSize <= MAX_SIDE)) {
+      throw new Error(`patchSize must be an integer from 1 to ${MAX_SIDE}, got ${show(patchSize)}`);
+    }
+    checkNormalization(mean, std, { scale });
+    if (mean.length !== 3) throw new Error(`mean and std must hold 3 values (RGB), got ${mean.length}`);
+    Object.assign(this, { resolution: [r[0], r[1]], patchSize, mean: [...mean], std: [...std],
+      resize, interpolation, scale });
     Object.freeze(this);
   }
 
@@ -547,6 +630,25 @@ export function topK(logits, k, labels = null) {
     { index, label: labels ? labels[index] : null, probability: p[index] }));
 }
 
+/** A model output that is no result (NaN or ±Inf): says which output and how many. */
+export class OutputError extends Error {
+  constructor(message) { super(message); this.name = 'OutputError'; }
+}
+
+/** `values`, or an OutputError when the model produced NaN or ±Inf there (as Python's). */
+export function requireFinite(values, name) {
+  let bad = 0;
+  for (const v of values) if (!Number.isFinite(v)) bad++;
+  if (bad) {
+    throw new OutputError(`the model's output ${show(name)} holds ${bad} NaN/Inf value(s) of ` +
+      `${values.length}: no usable result (a broken model, or preprocessing values that overflow it)`);
+  }
+  return values;
+}
+
+const labelsMismatch = (labels, width, output, where) => `the manifest has ${labels} labels, but ` +
+  `the model's output ${show(output)} in ${where} has ${width} classes; expected one label per class`;
+
 // -- loading and running ---------------------------------------------------------------
 async function fetchBytes(url, what) {
   let response;
@@ -657,8 +759,13 @@ export class ViT {
     if (threads !== null && !isInt(threads, 1)) throw new Error(`threads must be a positive integer, got ${show(threads)}`);
     const ortBase = options.ortBase ? new URL(options.ortBase, globalThis.location?.href) : new URL('./ort/', import.meta.url);
     const { ort, backend: chosen, noGpuReason } = await loadOrt(backend, ortBase);
-    const external = options.externalData ?? web.external_data?.[precision] ?? [];
-    const modelURL = new URL(file, base);
+    // names from the bundle (manifest, web.json) go through bundleFile: never outside it
+    const external = options.externalData ?? await Promise.all(
+      (web.external_data?.[precision] ?? []).map(async (name) => {
+        await bundleFile(base, name, 'external data');
+        return name;
+      }));
+    const modelURL = await bundleFile(base, file, `models[${show(precision)}]`);
     const sessionOptions = { graphOptimizationLevel: 'all' };
     let model;
     let downloaded = 0;
@@ -700,6 +807,13 @@ export class ViT {
       session = await ort.InferenceSession.create(model, { ...sessionOptions, executionProviders: ['wasm'] });
     }
     model = null; // drop our copy: the session holds the weights now
+    // the labels against the logits' real width (the graph's, where it fixes it; else
+    // classify() checks each result), not the manifest's claim
+    const width = session.outputMetadata?.find?.((o) => o.name === LOGITS)?.shape?.at(-1);
+    if (manifest.labels && typeof width === 'number' && width !== manifest.labels.length) {
+      await session.release?.();
+      throw new BundleError(labelsMismatch(manifest.labels.length, width, LOGITS, modelURL.href));
+    }
     const activeThreads = IS_NODE ? threads : (ranOn === 'wasm' ? ort.env.wasm.numThreads : null);
     let threadFallback = null;
     if (!IS_NODE && ranOn === 'wasm' && threads && threads > activeThreads) {
@@ -769,6 +883,12 @@ export class ViT {
         dims: Array.from(out.dims, Number) };
     }
     for (const t of Object.values(outputs)) t.dispose?.();
+    for (const [name, out] of Object.entries(result)) { // every output is batch-first
+      if (out.dims.length === 0 || out.dims[0] !== dims[0]) {
+        throw new BundleError(`${this.url}: output ${show(name)} has dims ${show(out.dims)} for a batch of ` +
+          `${dims[0]} image(s); expected ${dims[0]} row(s) (the graph does not keep the batch)`);
+      }
+    }
     return result;
   }
 
@@ -800,8 +920,11 @@ export class ViT {
     const pre = Object.keys(overrides).length ? Preprocess.fromManifest(this.manifest, overrides) : this.preprocess;
     const { data, dims } = pre.tensor(decoded);
     const t2 = performance.now();
-    const logits = (await this.runAll(data, dims, [LOGITS]))[LOGITS].data;
+    const logits = requireFinite((await this.runAll(data, dims, [LOGITS]))[LOGITS].data, LOGITS);
     const t3 = performance.now();
+    if (this.labels && logits.length !== this.labels.length) {
+      throw new BundleError(labelsMismatch(this.labels.length, logits.length, LOGITS, this.url));
+    }
     return { top: topK(logits, k, this.labels), logits, inputSize: [dims[2], dims[3]],
       ms: { decode: t1 - t0, preprocess: t2 - t1, run: t3 - t2 }, provider: this.info.provider };
   }
@@ -832,6 +955,7 @@ export class ViT {
     const { data, dims } = pre.tensor(decoded);
     const t2 = performance.now();
     const out = (await this.runAll(data, dims, [output]))[output];
+    requireFinite(out.data, output);
     const t3 = performance.now();
     return { data: out.data, dims: out.dims, output, inputSize: [dims[2], dims[3]],
       ms: { decode: t1 - t0, preprocess: t2 - t1, run: t3 - t2 }, provider: this.info.provider };
