@@ -180,12 +180,60 @@ export function readManifest(m, where = 'manifest') {
     input: io.inputs[0].name,
     outputs: io.outputs.map((o) => o.name),
     models: { ...models },
+    int8Cpu: Object.fromEntries(Object.keys(models).map((p) => [p, int8Cpu(m, p)])),
     labels: m.labels ?? null,
     preprocess: {
       resolution: [res[0], res[1]], patchSize: P, mean: [...pre.mean], std: [...pre.std],
       resize, interpolation, scale,
     },
   };
+}
+
+// -- int8 and the CPU: runtime/cpu.py in JavaScript ---------------------------------------
+// x86 flags whose kernels sum u8 x s8 products in 32 bits; x86 with AVX2 only saturates the
+// 16-bit pair sums of 8-bit weights (a recipe with cpu 'vnni'), ARM64 does not
+export const X86_INT8_EXACT = ['avx512_vnni', 'avx_vnni', 'amx_int8'];
+export const INT8_CPUS = ['any', 'vnni'];
+
+/** The CPUs a precision's int8 file is exact on ('any', 'vnni'), or null when it is not
+ * int8: as Python's Manifest.int8_cpu. */
+export function int8Cpu(m, precision) {
+  const recipe = m.precisions?.[precision]?.recipe;
+  if (!recipe || !['dynamic', 'static QDQ'].includes(recipe.kind)) return null;
+  if (INT8_CPUS.includes(recipe.cpu)) return recipe.cpu;
+  return recipe.cpu == null && recipe.reduce_range === true ? 'any' : 'vnni';
+}
+
+/** Whether an x86 CPU with these /proc/cpuinfo flags runs 8-bit int8 weights exactly. */
+export function exactInt8(arch, flags) {
+  if (arch === 'arm64') return true;
+  if (arch !== 'x64' || flags == null) return null;
+  return X86_INT8_EXACT.some((f) => flags.includes(f)) || !flags.includes('avx2');
+}
+
+async function cpuFlags() {
+  if (!IS_NODE || process.platform !== 'linux') return null;
+  try {
+    const { readFile } = await import('node:fs/promises');
+    const text = await readFile('/proc/cpuinfo', 'utf8');
+    const line = text.split('\n').find((l) => /^(flags|Features)\s*:/.test(l));
+    return line ? line.split(':')[1].trim().split(/\s+/) : null;
+  } catch { return null; }
+}
+
+/** A warning for running an int8 file that needs `need` here (onnxruntime-node's CPU
+ * kernels are Python's); null when exact or not int8. WebAssembly's kernels widen to 32
+ * bits before they add. */
+export async function int8Warning(need, { node = IS_NODE, arch = globalThis.process?.arch,
+  flags } = {}) {
+  if (need !== 'vnni' || !node) return null;
+  const ok = exactInt8(arch, flags === undefined ? await cpuFlags() : flags);
+  if (ok) return null;
+  return ok === false
+    ? 'this int8 file has 8-bit weights, which this CPU (x86 with AVX2, no VNNI / AMX) ' +
+      'saturates: expect wrong outputs (re-quantise with --int8-cpu any)'
+    : 'this int8 file has 8-bit weights, exact on x86 with VNNI / AMX or ARM64; cannot tell ' +
+      'whether this CPU has them';
 }
 
 // -- preprocessing: runtime/preprocess.py in JavaScript --------------------------------
@@ -822,8 +870,11 @@ export class ViT {
         : `the page is not cross-origin isolated (the server sends no COOP/COEP headers): ` +
           `WebAssembly runs on ${activeThreads} thread, not ${threads}`;
     }
+    const cpuWarning = await int8Warning(manifest.int8Cpu[precision]);
+    if (cpuWarning) console.warn(`vit-deploy: ${cpuWarning}`);
     const info = {
       backend: IS_NODE ? 'onnxruntime-node' : 'onnxruntime-web',
+      cpuWarning,
       provider: ranOn, // cpu (Node), wasm or webgpu
       precision,
       threadsRequested: threads,
