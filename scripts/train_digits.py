@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from vit_deploy.export.checkpoints import save_weights
-from vit_deploy.config import variant
+from vit_deploy.runtime.config import variant
 from vit_deploy.data import (DIGITS64_SIZE, DIGITS_FILE, DIGITS_MEAN, DIGITS_MODEL_FILE,
                              DIGITS_RECORD_FILE, DIGITS_SIZE, DIGITS_STD, data_path,
                              load_digits_split, normalise)

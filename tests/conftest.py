@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from vit_deploy.config import variant
+from vit_deploy.runtime.config import variant
 from vit_deploy.export.bundle import ExportOptions, export_bundle
 from vit_deploy.export.model import ViT, build_model
 

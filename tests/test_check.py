@@ -5,7 +5,7 @@ from click.testing import CliRunner
 
 from vit_deploy.check import CheckOptions, run_check
 from vit_deploy.cli import main
-from vit_deploy.contract import MODEL_FILE
+from vit_deploy.runtime.contract import MODEL_FILE
 from vit_deploy.export.bundle import ExportOptions, export_bundle
 
 

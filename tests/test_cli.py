@@ -4,7 +4,7 @@ import pytest
 from click.testing import CliRunner
 
 from vit_deploy.cli import main
-from vit_deploy.contract import MANIFEST_NAME
+from vit_deploy.runtime.contract import MANIFEST_NAME
 
 
 def run(*args):

@@ -1,6 +1,6 @@
 import pytest
 
-from vit_deploy.config import VARIANTS, ViTConfig, parse_variant, variant
+from vit_deploy.runtime.config import VARIANTS, ViTConfig, parse_variant, variant
 
 
 @pytest.mark.parametrize("name,width,depth,heads", [

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from vit_deploy.cli import main
-from vit_deploy.contract import MANIFEST_NAME
+from vit_deploy.runtime.contract import MANIFEST_NAME
 from vit_deploy.runtime import BundleError, InputError, ViTSession
 from vit_deploy.runtime.preprocess import ImageError, load_image
 

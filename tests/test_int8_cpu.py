@@ -16,7 +16,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from vit_deploy.contract import COSINE_MIN
+from vit_deploy.runtime.contract import COSINE_MIN
 from vit_deploy.parity import metrics, sample_inputs
 from vit_deploy.quantize import QuantOptions, quantize_model
 from vit_deploy.runtime import cpu

@@ -106,3 +106,91 @@ def test_runtime_imports_nothing_from_export():
         if bad:
             offenders[path.name] = sorted(bad)
     assert offenders == {}
+
+
+# -- the house: the runtime is a leaf, and no module imports itself round a circle --------
+def _package_graph() -> dict[str, set[str]]:
+    """{module: the vit_deploy modules it imports} over every module of the package, lazy
+    imports included. `from a import b` is an edge to a.b when that is a module, else to a
+    (a package's __init__ is a module of its own)."""
+    modules = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    graph = {}
+    for name, path in modules.items():
+        module = f"{name}.__init__" if path.name == "__init__.py" else name
+        found = _imported_modules(path.read_text(), module)
+        edges = {n for n in found if n in modules}
+        # `from a import b` also names a: drop it where a.b (a module) is what was imported
+        edges -= {n.rsplit(".", 1)[0] for n in edges if n.rsplit(".", 1)[0] in edges
+                  and modules[n.rsplit(".", 1)[0]].name == "__init__.py"
+                  and not _imports_from_init(path.read_text(), n)}
+        graph[name] = edges - {name}
+    return graph
+
+
+def _imports_from_init(source: str, submodule: str) -> bool:
+    """Whether `source` also takes a name from the package __init__ above `submodule`."""
+    package, _, child = submodule.rpartition(".")
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module == package:
+            if any(alias.name != child for alias in node.names):
+                return True
+        if isinstance(node, ast.Import) and any(a.name == package for a in node.names):
+            return True
+    return False
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circles_anywhere_in_the_package():
+    graph = _package_graph()
+    assert {"vit_deploy.cli", "vit_deploy.runtime.session", "vit_deploy.atomic"} <= set(graph)
+    assert "vit_deploy.runtime.swap" in graph["vit_deploy.runtime.manifest"]  # edges are seen
+    assert _cycles(graph) == []
+
+
+def test_the_runtime_imports_only_itself():
+    """What apps embed ships alone: no module under runtime/ imports the rest of vit_deploy."""
+    graph = _package_graph()
+    runtime = {m for m in graph if m == "vit_deploy.runtime" or m.startswith("vit_deploy.runtime.")}
+    assert len(runtime) >= 10
+    outside = {m: sorted(e for e in graph[m] if e not in runtime) for m in sorted(runtime)}
+    assert {m: e for m, e in outside.items() if e} == {}

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from vit_deploy import atomic
+from vit_deploy.runtime import swap
 from vit_deploy.cli import main
-from vit_deploy.contract import MANIFEST_NAME, MODEL_FILE
+from vit_deploy.runtime.contract import MANIFEST_NAME, MODEL_FILE
 from vit_deploy.runtime.manifest import load_manifest
 
 
@@ -144,7 +144,7 @@ def test_a_failed_swap_leaves_the_bundle_and_nothing_beside_it(bundle, monkeypat
     def refuse(*_a, **_k):
         raise PermissionError(13, "Permission denied", str(bundle))
 
-    monkeypatch.setattr(atomic, "_swap", refuse)
+    monkeypatch.setattr(swap, "swap", refuse)
     r = run("quantize", bundle, "--precision", "int8")
     assert r.exit_code == 1 and "Permission denied" in r.output
     assert (bundle / MANIFEST_NAME).read_bytes() == before
@@ -155,7 +155,7 @@ def test_a_failed_swap_leaves_the_bundle_and_nothing_beside_it(bundle, monkeypat
 # -- two writers -------------------------------------------------------------------------------
 HOLD_LOCK = """
 import sys
-from vit_deploy.atomic import writer_lock
+from vit_deploy.runtime.swap import writer_lock
 with writer_lock(sys.argv[1]):
     print("locked", flush=True)
     sys.stdin.readline()
@@ -201,10 +201,11 @@ REWRITE = """
 import os, shutil, signal, sys
 from pathlib import Path
 from vit_deploy import atomic
+from vit_deploy.runtime import swap
 from vit_deploy.runtime.manifest import FileEntry, load_manifest
 
 bundle, target = Path(sys.argv[1]), sys.argv[2]
-atomic._step = lambda name: os.kill(os.getpid(), signal.SIGKILL) if name == target else None
+swap.step = lambda name: os.kill(os.getpid(), signal.SIGKILL) if name == target else None
 manifest = load_manifest(bundle)
 with atomic.atomic_directory(bundle) as tmp:
     for name in manifest.files:
@@ -236,6 +237,6 @@ def test_a_kill_at_any_step_leaves_a_valid_bundle_or_one_recovery_restores(bundl
     assert models == ({"fp32", "int8"} if after_swap else {"fp32"})
     assert user_files_intact(bundle)
     assert siblings(bundle) == []
-    with atomic.writer_lock(bundle) as resolved:  # a writer finds nothing left to do
-        atomic.recover(resolved)
+    with swap.writer_lock(bundle) as resolved:  # a writer finds nothing left to do
+        swap.recover(resolved)
     assert set(load_manifest(bundle).models) == models and siblings(bundle) == []

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from vit_deploy import parity
 from vit_deploy.cli import main
-from vit_deploy.contract import MANIFEST_NAME, MODEL_FILE, PRECISION_FILES
+from vit_deploy.runtime.contract import MANIFEST_NAME, MODEL_FILE, PRECISION_FILES
 from vit_deploy.export.bundle import ExportOptions, export_bundle
 from vit_deploy.precisions import PrecisionOptions, add_precisions, ort_kernels
 from vit_deploy.quantize import QuantOptions, linear_layers, quantize_model

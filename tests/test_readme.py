@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from vit_deploy.export.checkpoints import load_model
 from vit_deploy.cli import main
-from vit_deploy.contract import WEIGHTS_FILE
+from vit_deploy.runtime.contract import WEIGHTS_FILE
 from vit_deploy.parity import judge, sample_inputs
 from vit_deploy.runtime import ViTSession
 

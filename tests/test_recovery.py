@@ -16,9 +16,10 @@ import pytest
 from click.testing import CliRunner
 from PIL import Image
 
-from vit_deploy import atomic
 from vit_deploy.cli import main
-from vit_deploy.contract import MANIFEST_NAME
+from vit_deploy.runtime import swap
+from vit_deploy.runtime.files import sha256_file
+from vit_deploy.runtime.contract import MANIFEST_NAME
 from vit_deploy.export.bundle import ExportOptions, export_bundle
 from vit_deploy.runtime import ViTSession
 from vit_deploy.runtime.manifest import load_manifest
@@ -68,12 +69,12 @@ def image(tmp_path_factory) -> Path:
 
 # -- killed writers ------------------------------------------------------------------------
 # The CLI in a child that SIGKILLs itself at a named point: inside the work (after the
-# first file is in the staging directory) or at a step of the swap (atomic._step). The kill
+# first file is in the staging directory) or at a step of the swap (swap.step). The kill
 # lands exactly there whatever the machine's load; the timeout only bounds a hung child.
 KILLED = """
 import os, signal, sys
-from vit_deploy import atomic
 from vit_deploy.cli import main
+from vit_deploy.runtime import swap
 
 command, point, bundle = sys.argv[1:4]
 die = lambda *_: os.kill(os.getpid(), signal.SIGKILL)
@@ -87,7 +88,7 @@ if point == "working":
     real = getattr(module, name)
     setattr(module, name, lambda *a, **k: (real(*a, **k), die()))
 else:
-    atomic._step = lambda step: die() if step == point else None
+    swap.step = lambda step: die() if step == point else None
 args = {"quantize": ["--precision", "int8"],
         "target": ["--target", "cpu", "--buckets", "32"]}[command]
 main([command, bundle, "--quiet", *args])
@@ -237,7 +238,7 @@ def test_a_corrupt_journal_is_a_clear_error_not_a_traceback(base, tmp_path):
 # -- a live writer's staging is its own ----------------------------------------------------
 HOLD_LOCK = """
 import sys
-from vit_deploy.atomic import writer_lock
+from vit_deploy.runtime.swap import writer_lock
 with writer_lock(sys.argv[1]):
     print("locked", flush=True)
     sys.stdin.readline()
@@ -274,7 +275,7 @@ def test_a_live_writers_staging_survives_every_reader(base, image, tmp_path):
 
 def test_within_the_writing_process_its_own_staging_survives_opening_the_bundle(base, tmp_path):
     b = _copy(base, tmp_path)
-    with atomic.writer_lock(b), atomic.staging_directory(b) as staging:
+    with swap.writer_lock(b), swap.staging_directory(b) as staging:
         (staging / "x").write_bytes(b"mine")
         load_manifest(b)
         with ViTSession(b):
@@ -286,7 +287,7 @@ def test_within_the_writing_process_its_own_staging_survives_opening_the_bundle(
 def test_staging_needs_the_lock(base, tmp_path):
     b = _copy(base, tmp_path)
     with pytest.raises(RuntimeError, match="writer_lock"):
-        with atomic.staging_directory(b):
+        with swap.staging_directory(b):
             pass
 
 
@@ -339,9 +340,9 @@ def test_a_kill_while_removing_the_old_version_adopts_no_file_it_owned(base, tmp
     (old / "model.int8.onnx").write_bytes(b"the old version's, dropped by the new one")
     (old / MANIFEST_NAME).unlink()  # removal had begun
     (old / "made-meanwhile.txt").write_text("a user's")  # created during the write
-    atomic._write_journal(b.resolve(), {
+    swap._write_journal(b.resolve(), {
         "staged": ".b.tmp-abcd1234", "old": old.name,
-        "manifest_sha256": atomic.sha256_file(b / MANIFEST_NAME),
+        "manifest_sha256": sha256_file(b / MANIFEST_NAME),
         "old_owned": sorted({*load_manifest(b).files, "model.int8.onnx"})})
     load_manifest(b)
     assert siblings(b) == []

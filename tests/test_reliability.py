@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
 from vit_deploy.cli import main
-from vit_deploy.contract import MANIFEST_NAME, MODEL_FILE
+from vit_deploy.runtime.contract import MANIFEST_NAME, MODEL_FILE
 from vit_deploy.export.bundle import ExportOptions, export_bundle
 from vit_deploy.parity import sample_inputs
 from vit_deploy.runtime import BundleError, InputError, ViTSession

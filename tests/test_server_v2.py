@@ -29,7 +29,7 @@ from tritonclient.utils import InferenceServerException
 
 from vit_deploy import server as srv
 from vit_deploy.cli import main
-from vit_deploy.contract import FEATURES_NAME, INDEPENDENCE_ABS_TOL, INPUT_NAME, LOGITS_NAME
+from vit_deploy.runtime.contract import FEATURES_NAME, INDEPENDENCE_ABS_TOL, INPUT_NAME, LOGITS_NAME
 from vit_deploy.export.bundle import ExportOptions, export_bundle
 from vit_deploy.runtime import ViTSession
 from vit_deploy.runtime.session import InputError

@@ -1,6 +1,6 @@
 import pytest
 
-from vit_deploy.sizes import require_patch_multiple, nearest_valid_sizes, parse_resolution
+from vit_deploy.runtime.sizes import require_patch_multiple, nearest_valid_sizes, parse_resolution
 
 
 @pytest.mark.parametrize("text,hw", [("448", (448, 448)), ("320x480", (320, 480)),

@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from vit_deploy.cli import main
-from vit_deploy.contract import MANIFEST_NAME
+from vit_deploy.runtime.contract import MANIFEST_NAME
 from vit_deploy.parity import sample_inputs
 from vit_deploy.runtime import BundleError, Manifest, ViTSession, load_manifest
 from vit_deploy.targets import TargetOptions, add_target

@@ -50,7 +50,7 @@ def _external_data_bundle(src: Path, dst: Path) -> None:
     """A copy of bundle `src` whose fp32 model keeps its weights in model.onnx.data."""
     import onnx
 
-    from vit_deploy.contract import MANIFEST_NAME, MODEL_FILE
+    from vit_deploy.runtime.contract import MANIFEST_NAME, MODEL_FILE
     from vit_deploy.runtime.manifest import FileEntry
 
     dst.mkdir(parents=True)
@@ -69,7 +69,7 @@ def _without_output(src: Path, dst: Path, name: str) -> None:
     """A copy of bundle `src` whose fp32 model lacks output `name` (a backbone, for `logits`)."""
     import onnx
 
-    from vit_deploy.contract import MANIFEST_NAME, MODEL_FILE
+    from vit_deploy.runtime.contract import MANIFEST_NAME, MODEL_FILE
     from vit_deploy.runtime.manifest import FileEntry
 
     shutil.copytree(src, dst)
@@ -94,7 +94,7 @@ def make_fixtures(out: Path) -> dict:
     """Write a tiny bundle (fp32 + int8, labelled), its external-data twin, and Python's
     preprocessing tensors, logits and top-5 for every shipped image; a dense bundle (and
     its twin without logits) with Python's features() and predictions, into `out`."""
-    from vit_deploy.config import variant
+    from vit_deploy.runtime.config import variant
     from vit_deploy.export.bundle import ExportOptions, export_bundle
     from vit_deploy.export.model import build_model
     from vit_deploy.precisions import add_precisions
@@ -143,7 +143,7 @@ def make_fixtures(out: Path) -> dict:
 
 
 def _dense_fixtures(out: Path) -> dict:
-    from vit_deploy.config import variant
+    from vit_deploy.runtime.config import variant
     from vit_deploy.export.bundle import ExportOptions, export_bundle
     from vit_deploy.export.model import build_model
     from vit_deploy.runtime import ViTSession

@@ -25,7 +25,7 @@ import numpy as np
 from vit_deploy.runtime.manifest import dumps_strict, load_manifest
 from vit_deploy.runtime.providers import CPU, parse_providers, short_name
 from vit_deploy.runtime.session import RuntimeOptions, ViTSession
-from vit_deploy.sizes import guard_memory
+from vit_deploy.runtime.sizes import guard_memory
 
 TORCH = "torch"  # the baseline's provider label
 
@@ -417,7 +417,7 @@ def plot(report: BenchReport, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from vit_deploy.atomic import write_bytes_atomic
+    from vit_deploy.runtime.files import write_bytes_atomic
 
     patch = report.options.get("patch_size") or 1
     series: dict[tuple[str, str, int], list[tuple[int, float, str]]] = {}

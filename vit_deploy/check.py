@@ -7,14 +7,14 @@ from pathlib import Path
 from typing import Any
 
 
-from vit_deploy.contract import PRECISIONS
+from vit_deploy.runtime.contract import PRECISIONS
 from vit_deploy.outputs import OutputSelection
 from vit_deploy.parity import Forward, ParityReport, batch_independence, compare, determinism, sample_inputs
 from vit_deploy.progress import Progress, silent
 from vit_deploy.runtime.manifest import Manifest, dumps_strict, load_manifest
 from vit_deploy.runtime.providers import parse_providers, short_name
 from vit_deploy.runtime.session import RuntimeOptions, ViTSession
-from vit_deploy.sizes import guard_memory, merge_fits
+from vit_deploy.runtime.sizes import guard_memory, merge_fits
 
 
 @dataclass(frozen=True, kw_only=True)

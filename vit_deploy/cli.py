@@ -11,9 +11,9 @@ from typing import Any
 
 import click
 
-from vit_deploy.config import POOLS, POS_EMBED_KINDS, VARIANTS
-from vit_deploy.contract import OPSET, PRECISIONS, TARGETS as TARGET_NAMES
-from vit_deploy.sizes import format_resolution, parse_resolution
+from vit_deploy.runtime.config import POOLS, POS_EMBED_KINDS, VARIANTS
+from vit_deploy.runtime.contract import OPSET, PRECISIONS, TARGETS as TARGET_NAMES
+from vit_deploy.runtime.sizes import format_resolution, parse_resolution
 
 MAX_THREADS = 256  # more intra-op threads than this is a typo, not a machine
 MAX_BATCH = 4096
@@ -137,7 +137,7 @@ class _Main(click.Group):
     (disk full, a busy bundle, ORT refusing a file) exits 1."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        from vit_deploy.atomic import BusyError, OutputExistsError
+        from vit_deploy.runtime.swap import BusyError, OutputExistsError
         from vit_deploy.parity import ParityError
 
         try:
@@ -252,7 +252,7 @@ def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | N
     Checks ONNX Runtime (CPU) against PyTorch at several resolutions and batch sizes;
     a failing case fails the export and leaves nothing behind.
     """
-    from vit_deploy.config import config_from_flags
+    from vit_deploy.runtime.config import config_from_flags
     from vit_deploy.export.bundle import (ExportOptions, default_bundle_name, export_bundle,
                                           model_from_flags, validate_request)
     from vit_deploy.outputs import parse_layers, parse_names
@@ -289,7 +289,9 @@ def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | N
         console.print(f"note: {note}")
     if any(p != "fp32" for p in precisions):
         _add_precisions(out, precisions, force=False, quiet=quiet, **quant)
-    console.print(load_manifest(out).summary(out))
+    from vit_deploy.info import BundleSummary
+
+    console.print(BundleSummary(load_manifest(out), str(out)))
 
 
 @main.command()
@@ -385,7 +387,7 @@ def bench(bundle: Path | None, providers: str, precisions: tuple[str, ...],
     """
     from rich.progress import Progress
 
-    from vit_deploy.atomic import write_bytes_atomic
+    from vit_deploy.runtime.files import write_bytes_atomic
     from vit_deploy.bench import BenchOptions, compare_reports, plot, run_bench, within_budget
     from vit_deploy.runtime.manifest import dumps_strict
 
@@ -455,7 +457,7 @@ def check(bundle: Path, providers: str, precisions: tuple[str, ...] | None,
     Also batch independence and determinism per provider and precision. Exits 1 if
     any case fails (or, with --require, if a provider is not available here).
     """
-    from vit_deploy.atomic import write_bytes_atomic
+    from vit_deploy.runtime.files import write_bytes_atomic
     from vit_deploy.check import CheckOptions, run_check
     from vit_deploy.progress import steps
 
@@ -617,13 +619,14 @@ def target(bundle: Path, target_name: str, buckets: str, batch: int, calib: str 
 @click.option("--no-verify", is_flag=True, help="Skip the sha256 check of the files.")
 def info(bundle: Path, as_json: bool, no_verify: bool) -> None:
     """Describe a bundle: model, inputs, files, parity, tool versions."""
+    from vit_deploy.info import BundleSummary
     from vit_deploy.runtime.manifest import load_manifest
 
     manifest = load_manifest(bundle, verify=not no_verify)
     if as_json:
         click.echo(manifest.to_json(), nl=False)
         return
-    _console().print(manifest.summary(bundle))
+    _console().print(BundleSummary(manifest, str(bundle)))
 
 
 @main.command()
@@ -657,7 +660,7 @@ def predict(bundle: Path, images: tuple[Path, ...], provider: str, fallback: boo
             features_file: Path | None, force: bool, predict_target: str = "auto") -> None:
     """Classify IMAGES with a bundle, or a .onnx file exported by vit-deploy (no torch);
     with --features, write their patch-token feature maps."""
-    from vit_deploy.contract import LOGITS_NAME
+    from vit_deploy.runtime.contract import LOGITS_NAME
     from vit_deploy.runtime import RuntimeOptions, ViTSession
     from vit_deploy.runtime.manifest import dumps_strict
     from vit_deploy.runtime.providers import short_name
@@ -712,7 +715,7 @@ def _write_features(session: Any, images: list[Path], pre: Any, path: Path) -> d
 
     import numpy as np
 
-    from vit_deploy.atomic import write_bytes_atomic
+    from vit_deploy.runtime.files import write_bytes_atomic
     from vit_deploy.outputs import is_grid_output
     from vit_deploy.runtime.session import require_finite
 
@@ -763,7 +766,7 @@ def sweep(checkpoint: Path, patches: str | None, merges: str, precisions: tuple[
           plot_out: Path | None, quiet: bool) -> None:
     """Export CHECKPOINT at every patch size × token merging × precision, score and time
     each (one fresh process per timing), and print the table and its Pareto front."""
-    from vit_deploy.atomic import write_bytes_atomic
+    from vit_deploy.runtime.files import write_bytes_atomic
     from vit_deploy.progress import steps
     from vit_deploy.sweep import SweepOptions, parse_list, run_sweep
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from vit_deploy.config import ViTConfig
-from vit_deploy.contract import (BATCH_DIM, CLASS_TOKEN_NAME, FEATURES_NAME, GRID_H_DIM,
+from vit_deploy.runtime.config import ViTConfig
+from vit_deploy.runtime.contract import (BATCH_DIM, CLASS_TOKEN_NAME, FEATURES_NAME, GRID_H_DIM,
                                  GRID_W_DIM, LAYER_PREFIX, LOGITS_NAME, OUTPUT_KINDS,
                                  PATCH_TOKENS_NAME, REGISTERS_NAME, layer_output)
 

@@ -12,10 +12,10 @@ from typing import Any, Union
 
 import numpy as np
 
-from vit_deploy.contract import (COSINE_MIN, FP32_ABS_TOL, INDEPENDENCE_ABS_TOL, LOGITS_NAME,
+from vit_deploy.runtime.contract import (COSINE_MIN, FP32_ABS_TOL, INDEPENDENCE_ABS_TOL, LOGITS_NAME,
                                  tolerance_class)
 from vit_deploy.progress import Progress, silent
-from vit_deploy.sizes import format_resolution
+from vit_deploy.runtime.sizes import format_resolution
 
 # One output (B, K), or every output of a multi-output model by name.
 Outputs = Union[np.ndarray, Mapping[str, np.ndarray]]

@@ -19,15 +19,17 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from vit_deploy.atomic import atomic_directory, link_or_copy, staging_directory, writer_lock
-from vit_deploy.contract import ACCURACY_MAX_DROP, PRECISION_FILES, PRECISIONS, model_role, tolerance_class
+from vit_deploy.runtime.files import link_or_copy
+from vit_deploy.runtime.swap import staging_directory, writer_lock
+from vit_deploy.atomic import atomic_directory
+from vit_deploy.runtime.contract import ACCURACY_MAX_DROP, PRECISION_FILES, PRECISIONS, model_role, tolerance_class
 from vit_deploy.parity import ParityReport, compare, sample_inputs
 from vit_deploy.progress import Progress, silent
 from vit_deploy.quantize import QuantOptions, quantisable_layers, quantize_model
 from vit_deploy.runtime.manifest import FileEntry, Manifest, load_manifest
 from vit_deploy.runtime.providers import captured_stderr
 from vit_deploy.runtime.session import ViTSession
-from vit_deploy.sizes import merge_fits
+from vit_deploy.runtime.sizes import merge_fits
 
 # The kernels ONNX Runtime's CPU provider must run, one per quantised layer (else some
 # layer silently stayed float: for QDQ, DequantizeLinear of the weight + an fp32 MatMul)

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from vit_deploy.atomic import write_bytes_atomic
-from vit_deploy.contract import INPUT_NAME, IR_VERSION, METADATA_LINEARS_KEY, PRECISIONS
+from vit_deploy.runtime.files import write_bytes_atomic
+from vit_deploy.runtime.contract import INPUT_NAME, IR_VERSION, METADATA_LINEARS_KEY, PRECISIONS
 from vit_deploy.runtime.cpu import ANY_CPU, INT8_CPUS, REQUIREMENT_TEXT
 
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")

@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from vit_deploy.atomic import write_bytes_atomic
+from vit_deploy.runtime.files import write_bytes_atomic
 from vit_deploy.progress import Progress, silent
 from vit_deploy.runtime.manifest import dumps_strict
-from vit_deploy.sizes import format_resolution
+from vit_deploy.runtime.sizes import format_resolution
 
 EVAL_IMAGES = 8  # random inputs for the cosine score when there is no labelled set
 
@@ -167,10 +167,10 @@ def run_sweep(checkpoint: str | Path, options: SweepOptions = SweepOptions(), *,
     that is removed afterwards (nothing is written but what the caller asks for)."""
     import time
 
-    from vit_deploy.config import parse_merge
+    from vit_deploy.runtime.config import parse_merge
     from vit_deploy.export.bundle import ExportOptions, export_bundle, model_from_flags
     from vit_deploy.precisions import PrecisionOptions, add_precisions
-    from vit_deploy.sizes import require_merge_room
+    from vit_deploy.runtime.sizes import require_merge_room
 
     start = time.perf_counter()
     base, _ = model_from_flags(checkpoint=checkpoint)

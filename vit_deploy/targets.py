@@ -35,16 +35,19 @@ from typing import Any
 import numpy as np
 import onnx
 
-from vit_deploy.atomic import atomic_directory, link_or_copy, staging_directory, writer_lock
-from vit_deploy.contract import BUCKET_POLICIES, TARGETS, TARGETS_DIR
+from vit_deploy.runtime.files import link_or_copy
+from vit_deploy.runtime.swap import staging_directory, writer_lock
+from vit_deploy.atomic import atomic_directory
+from vit_deploy.runtime.contract import BUCKET_POLICIES, TARGETS, TARGETS_DIR
 from vit_deploy.outputs import OutputSelection
 from vit_deploy.parity import ParityReport, batch_independence, compare, sample_inputs
 from vit_deploy.progress import Progress, silent
 from vit_deploy.quantize import QuantOptions, linear_layers, quantize_model
+from vit_deploy.info import mobile_lines
 from vit_deploy.runtime.manifest import (BucketGraph, FileEntry, Manifest, TargetSpec,
-                                         load_manifest, mobile_lines)
+                                         load_manifest)
 from vit_deploy.runtime.session import RuntimeOptions, ViTSession
-from vit_deploy.sizes import format_resolution, guard_memory, require_patch_multiple
+from vit_deploy.runtime.sizes import format_resolution, guard_memory, require_patch_multiple
 
 # (precisions always built, precisions built when the bundle has them)
 TARGET_PRECISIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -415,7 +418,7 @@ def _rewrite(bundle: Path, manifest: Manifest, spec: TargetSpec, stage: Path) ->
 
 def parse_buckets(text: str) -> tuple[tuple[int, int], ...]:
     """'224,256x320,448' -> ((224, 224), (256, 320), (448, 448))."""
-    from vit_deploy.sizes import parse_resolution
+    from vit_deploy.runtime.sizes import parse_resolution
 
     items = [v.strip() for v in text.split(",") if v.strip()]
     if not items:

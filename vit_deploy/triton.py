@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vit_deploy.atomic import atomic_directory, repository_record
-from vit_deploy.contract import MANIFEST_NAME
+from vit_deploy.runtime.contract import MANIFEST_NAME
 from vit_deploy.runtime.manifest import Manifest, load_manifest
 
 KINDS = {"cpu": "KIND_CPU", "gpu": "KIND_GPU"}

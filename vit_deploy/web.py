@@ -31,7 +31,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from vit_deploy.atomic import atomic_directory, repository_record
-from vit_deploy.contract import MANIFEST_NAME
+from vit_deploy.runtime.contract import MANIFEST_NAME
 from vit_deploy.runtime.manifest import load_manifest
 from vit_deploy.runtime.model_scan import inspect_model
 

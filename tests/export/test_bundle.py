@@ -5,9 +5,9 @@ import onnx
 import pytest
 
 import vit_deploy.export.bundle as bundle_mod
-from vit_deploy.atomic import OutputExistsError
+from vit_deploy.runtime.swap import OutputExistsError
 from vit_deploy.export.checkpoints import load_model
-from vit_deploy.contract import MANIFEST_NAME, MODEL_FILE, WEIGHTS_FILE
+from vit_deploy.runtime.contract import MANIFEST_NAME, MODEL_FILE, WEIGHTS_FILE
 from vit_deploy.export.bundle import ExportOptions, export_bundle, parity_resolutions
 from vit_deploy.parity import ParityError
 from vit_deploy.runtime.manifest import load_manifest
@@ -106,7 +106,7 @@ def test_static_bundle(tmp_path, make_tiny):
 
 
 def test_parity_resolutions_for_b16_cover_the_done_sizes():
-    from vit_deploy.config import variant
+    from vit_deploy.runtime.config import variant
 
     class Stub:
         cfg = variant("B/16")

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save, save_file
 
 from vit_deploy.cli import main
-from vit_deploy.config import ViTConfig, variant
+from vit_deploy.runtime.config import ViTConfig, variant
 from vit_deploy.export.checkpoints import (CONFIG_KEY, CheckpointError, CheckpointWarning,
                                            load_any, load_timm, model_from_state,
                                            read_state_dict)

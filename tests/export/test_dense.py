@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from PIL import Image
 
 from vit_deploy.cli import main
-from vit_deploy.config import variant
-from vit_deploy.contract import GRID_H_DIM, GRID_W_DIM
+from vit_deploy.runtime.config import variant
+from vit_deploy.runtime.contract import GRID_H_DIM, GRID_W_DIM
 from vit_deploy.export.bundle import ExportOptions, export_bundle
 from vit_deploy.export.checkpoints import load_any
 from vit_deploy.export.model import ViTOutputs, build_model, numpy_forward

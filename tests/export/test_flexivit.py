@@ -9,7 +9,7 @@ import torch
 from click.testing import CliRunner
 
 from vit_deploy.cli import main
-from vit_deploy.config import variant
+from vit_deploy.runtime.config import variant
 from vit_deploy.export.checkpoints import save_weights
 from vit_deploy.export.model import build_model, pi_resize_matrix, resample_patch_embed
 

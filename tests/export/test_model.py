@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch import nn
 
-from vit_deploy.config import variant
+from vit_deploy.runtime.config import variant
 from vit_deploy.export.model import Attention, PatchEmbed, build_model, resample_pos_embed
 
 

@@ -5,8 +5,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from vit_deploy.config import ViTConfig
-from vit_deploy.contract import INPUT_NAME, IR_VERSION, LOGITS_NAME, METADATA_CONFIG_KEY, MODEL_FILE
+from vit_deploy.runtime.config import ViTConfig
+from vit_deploy.runtime.contract import INPUT_NAME, IR_VERSION, LOGITS_NAME, METADATA_CONFIG_KEY, MODEL_FILE
 from vit_deploy.export.onnx import OnnxOptions, export_onnx
 from vit_deploy.parity import judge, sample_inputs
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vit_deploy.contract import BUNDLE_FORMAT_VERSION, MANIFEST_NAME
+from vit_deploy.runtime.contract import BUNDLE_FORMAT_VERSION, MANIFEST_NAME
 from vit_deploy.runtime import BundleError, ViTSession
 from vit_deploy.runtime.manifest import FileEntry, Manifest, dumps_strict, load_manifest
 from vit_deploy.runtime.session import RuntimeOptions

@@ -4,7 +4,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from vit_deploy.contract import MANIFEST_NAME, MODEL_FILE
+from vit_deploy.runtime.contract import MANIFEST_NAME, MODEL_FILE
 from vit_deploy.parity import batch_independence, sample_inputs
 from vit_deploy.runtime import (BundleError, InputError, ProviderError, RuntimeOptions, ViTSession,
                                 parse_providers, probe)

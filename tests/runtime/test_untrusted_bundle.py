@@ -25,8 +25,8 @@ from onnx import TensorProto, helper
 from PIL import Image
 
 from vit_deploy.cli import main
-from vit_deploy.config import ViTConfig
-from vit_deploy.contract import MANIFEST_NAME, MODEL_FILE, WEIGHTS_FILE
+from vit_deploy.runtime.config import ViTConfig
+from vit_deploy.runtime.contract import MANIFEST_NAME, MODEL_FILE, WEIGHTS_FILE
 from vit_deploy.runtime import BundleError, InputError, Preprocess, RuntimeOptions, ViTSession
 from vit_deploy.runtime.manifest import FileEntry, Manifest, bundle_path, load_manifest
 from vit_deploy.runtime.session import OutputError

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from vit_deploy.atomic import atomic_directory
-from vit_deploy.contract import (BATCH_DIM, HEIGHT_DIM, INPUT_NAME, MODEL_FILE, OPSET,
+from vit_deploy.runtime.contract import (BATCH_DIM, HEIGHT_DIM, INPUT_NAME, MODEL_FILE, OPSET,
                                  WEIGHTS_FILE, WEIGHTS_ROLE, WIDTH_DIM, model_role)
 from vit_deploy.export.checkpoints import save_weights
 from vit_deploy.export.onnx import ExportError, OnnxOptions, export_onnx, node_count
 from vit_deploy.export.simplify import simplify_onnx
-from vit_deploy.config import ViTConfig
+from vit_deploy.runtime.config import ViTConfig
 from vit_deploy.export.model import ViT, numpy_forward, reference_model
 from vit_deploy.outputs import OutputSelection, output_shape, select_outputs
 from vit_deploy.parity import ParityError, ParityReport, batch_independence, compare, sample_inputs
@@ -25,7 +25,7 @@ from vit_deploy.runtime.manifest import FileEntry, IOSpec, Manifest, PreprocessS
 from vit_deploy.runtime.providers import short_name
 from vit_deploy.runtime.session import ViTSession
 from vit_deploy.progress import Progress, silent
-from vit_deploy.sizes import (format_resolution, guard_memory, require_merge_room,
+from vit_deploy.runtime.sizes import (format_resolution, guard_memory, require_merge_room,
                               require_patch_multiple)
 
 PARITY_BATCHES = (1, 3)
@@ -242,7 +242,7 @@ def model_from_flags(model: str = "B", *, patch: int | None = None,
     model, or a checkpoint whose own config must not contradict a flag that was given. A
     --patch other than the checkpoint's resamples its patch embedding (PI-resize) and its
     position table to the new grid; `merge` (see config.parse_merge) adds token merging."""
-    from vit_deploy.config import config_from_flags, parse_merge
+    from vit_deploy.runtime.config import config_from_flags, parse_merge
     from vit_deploy.export.checkpoints import CheckpointError, load_any
     from vit_deploy.export.model import build_model
 

@@ -28,11 +28,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
-from vit_deploy.atomic import write_bytes_atomic
-from vit_deploy.config import IMAGENET_MEAN, IMAGENET_STD, ViTConfig, check_normalization
+from vit_deploy.runtime.files import write_bytes_atomic
+from vit_deploy.runtime.config import IMAGENET_MEAN, IMAGENET_STD, ViTConfig, check_normalization
 from vit_deploy.export.model import ViT, build_model
 
-CONFIG_KEY = "vit_deploy.config"
+CONFIG_KEY = "vit_deploy.runtime.config"
 
 
 class CheckpointError(ValueError):

@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vit_deploy.config import ViTConfig
+from vit_deploy.runtime.config import ViTConfig
 from vit_deploy.outputs import OutputSelection, block_of
-from vit_deploy.sizes import require_merge_room, require_patch_multiple
+from vit_deploy.runtime.sizes import require_merge_room, require_patch_multiple
 
 
 def resample_pos_embed(table: torch.Tensor, grid_hw: tuple, *, mode: str = "bicubic",
@@ -436,7 +436,7 @@ class ViTOutputs(nn.Module):
         self.layers = tuple(b for b in map(block_of, self.names) if b is not None)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        from vit_deploy.contract import (CLASS_TOKEN_NAME, FEATURES_NAME, LOGITS_NAME,
+        from vit_deploy.runtime.contract import (CLASS_TOKEN_NAME, FEATURES_NAME, LOGITS_NAME,
                                          PATCH_TOKENS_NAME, REGISTERS_NAME)
         vit, cfg = self.vit, self.vit.cfg
         grid = (x.shape[-2] // cfg.patch_size, x.shape[-1] // cfg.patch_size)

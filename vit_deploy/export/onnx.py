@@ -14,8 +14,8 @@ from pathlib import Path
 import onnx
 import torch
 
-from vit_deploy.atomic import write_bytes_atomic
-from vit_deploy.contract import (BATCH_DIM, GRID_H_DIM, GRID_W_DIM, HEIGHT_DIM, INPUT_NAME,
+from vit_deploy.runtime.files import write_bytes_atomic
+from vit_deploy.runtime.contract import (BATCH_DIM, GRID_H_DIM, GRID_W_DIM, HEIGHT_DIM, INPUT_NAME,
                                  IR_VERSION, METADATA_CONFIG_KEY, METADATA_LINEARS_KEY, OPSET,
                                  PRODUCER, WIDTH_DIM)
 from vit_deploy.export.model import ViT, ViTOutputs

@@ -7,8 +7,8 @@ from pathlib import Path
 import onnx
 import onnxsim
 
-from vit_deploy.atomic import write_bytes_atomic
-from vit_deploy.contract import IR_VERSION
+from vit_deploy.runtime.files import write_bytes_atomic
+from vit_deploy.runtime.contract import IR_VERSION
 from vit_deploy.export.onnx import ExportError, validate_onnx
 
 

@@ -24,8 +24,8 @@ import onnx
 import torch
 from torch import nn
 
-from vit_deploy.atomic import write_bytes_atomic
-from vit_deploy.contract import INPUT_NAME, LOGITS_NAME, OPSET
+from vit_deploy.runtime.files import write_bytes_atomic
+from vit_deploy.runtime.contract import INPUT_NAME, LOGITS_NAME, OPSET
 from vit_deploy.export.model import Tokens, ViT, reference_model
 from vit_deploy.export.onnx import ExportError, _quiet, finalize, validate_onnx
 from vit_deploy.outputs import OutputSelection

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from vit_deploy.contract import BUCKET_POLICIES
+from vit_deploy.runtime.contract import BUCKET_POLICIES
 from vit_deploy.runtime.manifest import BundleError, Manifest, TargetSpec, bundle_path
 from vit_deploy.runtime.preprocess import Preprocess, group_by_shape, load_image
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from vit_deploy.runtime.manifest import sha256_file
+from vit_deploy.runtime.files import sha256_file
 from vit_deploy.runtime.providers import Provider
 
 CACHE_DIR = ".ort-cache"

@@ -12,7 +12,6 @@ roles implicit; they are filled with what v1 always meant.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import re
@@ -21,12 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from vit_deploy.config import ViTConfig, check_normalization
-from vit_deploy.contract import (BUCKET_POLICIES, BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION,
+from vit_deploy.runtime.config import ViTConfig, check_normalization
+from vit_deploy.runtime.contract import (BUCKET_POLICIES, BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION,
                                  INTERPOLATIONS, MANIFEST_NAME, PRECISIONS, RESIZE_RULES,
-                                 TARGETS, WEIGHTS_ROLE, model_role)
+                                 TARGETS, WEIGHTS_ROLE)
+from vit_deploy.runtime.files import sha256_file, write_bytes_atomic
+from vit_deploy.runtime.swap import recover_on_open
 from vit_deploy.runtime.cpu import ANY_CPU, INT8_CPUS, VNNI_CPU
-from vit_deploy.sizes import MAX_SIDE, format_resolution, require_patch_multiple
+from vit_deploy.runtime.sizes import MAX_SIDE, format_resolution, require_patch_multiple
 
 MAX_MANIFEST_BYTES = 16 * 2**20  # ours are ~10 KB; a manifest is read whole before parsing
 MAX_DEPTH = 16  # nesting of the JSON; ours is 6 deep
@@ -36,14 +37,6 @@ _PRECISION_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
 
 class BundleError(ValueError):
     """A bundle that cannot be used: says which file and why."""
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 # -- the parts -------------------------------------------------------------------------
@@ -370,18 +363,12 @@ class Manifest:
                                   f"says {entry.sha256[:16]}… (modified after export)")
 
     def save(self, root: str | Path) -> Path:
-        from vit_deploy.atomic import write_bytes_atomic
-
         return write_bytes_atomic(Path(root) / MANIFEST_NAME, self.to_json().encode())
 
-    def summary(self, path: str | Path) -> BundleSummary:
-        return BundleSummary(self, str(path))
 
 
 def load_manifest(bundle: str | Path, *, verify: bool = True) -> Manifest:
     """Read `bundle/manifest.json`; with `verify`, check every listed file's size and sha256."""
-    from vit_deploy.atomic import recover_on_open  # torch-free; imports this module
-
     recover_on_open(bundle)  # a writer killed mid-swap: finish or undo it, drop its staging
     root = Path(bundle)
     path = root / MANIFEST_NAME
@@ -429,7 +416,7 @@ def _is_int(v: Any, low: int = 0, high: int | None = None) -> bool:
             and (high is None or v <= high))
 
 
-def _is_number(v: Any) -> bool:
+def is_finite_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -585,108 +572,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
-
-
-# -- the summary `vit-deploy info` prints -------------------------------------------------
-@dataclass(frozen=True)
-class BundleSummary:
-    manifest: Manifest
-    path: str
-
-    def __rich__(self) -> Any:
-        from rich.console import Group
-        from rich.filesize import decimal
-        from rich.table import Table
-
-        m, cfg, io = self.manifest, self.manifest.config, self.manifest.io
-        inp = io.inputs[0]
-        lines: list[Any] = [
-            f"bundle {self.path}: {cfg.name or 'ViT'} width {cfg.width} depth {cfg.depth} "
-            f"heads {cfg.heads} patch {cfg.patch_size}, native "
-            f"{format_resolution(cfg.img_size)}, {cfg.num_classes} classes"
-            + (f", patch embedding PI-resized from {cfg.trained_patch_size} (FlexiViT)"
-               if cfg.trained_patch_size else "")
-            + (f", token merging {list(cfg.merge)} per block (ToMe)" if cfg.merging else ""),
-            f"input {inp.name} {list(inp.shape)} {inp.dtype}"
-            + (f" ({io.dim_rule})" if io.dim_rule else " (static)")
-            + "; outputs " + ", ".join(f"{o.name} {list(o.shape)}" for o in io.outputs)
-            + f"; preprocessing {m.preprocess.resize} to "
-              f"{format_resolution(m.deploy_resolution)}"]
-        table = Table("file", "role", "size", "nodes", "sha256")
-        for name, entry in m.files.items():
-            precision = entry.role.removeprefix("model:")
-            nodes = m.recipe(precision).get("nodes") or (
-                m.export.get("nodes", "") if entry.role == model_role("fp32") else "")
-            table.add_row(name, entry.role, decimal(entry.size), str(nodes), entry.sha256[:12])
-        lines.append(table)
-        simp = m.export.get("simplify")
-        if isinstance(simp, Mapping) and simp.get("requested"):
-            lines.append(f"onnxsim: {simp.get('nodes_before')} -> {simp.get('nodes_after', '?')} "
-                         f"nodes, {'kept' if simp.get('kept') else 'discarded'}")
-        lines += _parity_line(m.parity)
-        lines += _int8_cpu_lines(m)
-        if "total_s" in m.export:
-            lines.append(f"export took {m.export['total_s']} s (torch.onnx.export "
-                         f"{m.export.get('export_s', '?')} s)")
-        for t in m.targets.values():
-            graphs = t.record.get("graphs") if isinstance(t.record, Mapping) else None
-            cosines = [g["parity"]["cosine"] for g in graphs or [] if isinstance(g, Mapping)
-                       and isinstance(g.get("parity"), Mapping) and g.get("passed")
-                       and _is_number(g["parity"].get("cosine"))]
-            lines.append(f"target {t.name}: batch {t.batch}, buckets "
-                         f"{[format_resolution(r) for r in t.resolutions]}, {list(t.precisions)}, "
-                         f"policy {t.policy}; {len(t.graphs)} graph(s)"
-                         + (f", min cosine vs PyTorch {min(cosines):.6f}" if cosines else "")
-                         + (", ORT format with " + t.required_operators if t.required_operators
-                            else ""))
-            lines += mobile_lines(t.record.get("mobile_check"))
-        return Group(*lines)
-
-
-def mobile_lines(check: Any) -> list[str]:
-    """ORT's mobile checker's verdicts, as `vit-deploy target` stores them, one line per
-    graph checked and execution provider."""
-    if not isinstance(check, Mapping):
-        return []
-    out = []
-    for which, eps in check.items():
-        if not isinstance(eps, Mapping):
-            continue
-        for ep, v in eps.items():
-            try:
-                out.append(f"  ORT mobile checker, {which}: {ep} {v['supported_nodes']}/"
-                           f"{v['nodes']} nodes in {v['partitions']} partition(s), verdict "
-                           f"{v['verdict']}" + (f"; unsupported ops {list(v['unsupported_ops'])}"
-                                                if v.get("unsupported_ops") else ""))
-            except (KeyError, TypeError):
-                continue
-    return out
-
-
-def _int8_cpu_lines(m: Manifest) -> list[str]:
-    """Per int8 precision: the CPUs it is exact on, and whether this one is."""
-    from vit_deploy.runtime.cpu import REQUIREMENT_TEXT, int8_kernel, meets
-
-    lines = []
-    for precision in m.models:
-        need = m.int8_cpu(precision)
-        if need is not None:
-            ok = meets(need)
-            lines.append(f"{precision}: exact on {REQUIREMENT_TEXT[need]}; this CPU: "
-                         f"{int8_kernel()}" + ("" if ok else " - NOT exact here" if ok is False
-                                               else " - cannot tell"))
-    return lines
-
-
-def _parity_line(parity: Mapping[str, Any]) -> list[str]:
-    """One line over the export's parity record, if it has the shape we write."""
-    cases = parity.get("cases")
-    try:
-        worst = max(float(c["max_abs"]) for c in cases)
-        cos = min(float(c["cosine"]) for c in cases)
-        providers = sorted({str(c["provider"]) for c in cases})
-    except (KeyError, TypeError, ValueError):  # no cases, or not the shape we write
-        return []
-    return [f"parity: {'PASS' if parity.get('passed') else 'FAIL'} on {len(providers)} "
-            f"provider(s) {providers}, {len(cases)} cases, worst max|Δ| {worst:.2e}, min "
-            f"cosine {cos:.7f}"]

@@ -5,29 +5,25 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
 from vit_deploy.runtime.providers import captured_stderr, short_name
 
-if TYPE_CHECKING:
-    from vit_deploy.runtime.session import ViTSession
 
-
-def profile_placement(s: ViTSession) -> dict[str, list[str]]:
+def profile_placement(model: str | os.PathLike, options: ort.SessionOptions,
+                      providers: list[tuple[str, dict[str, Any]]], input_name: str,
+                      input_chw: tuple[int, int, int]) -> dict[str, list[str]]:
+    """{provider alias: [node names]} from ORT's profile of one run of `model` on a zero
+    batch of one (C, H, W) input, the providers given as (name, options) pairs."""
     with tempfile.TemporaryDirectory() as tmp:
-        so = s.session_options()
-        so.enable_profiling = True
-        so.profile_file_prefix = os.path.join(tmp, "placement")
-        providers = [(p, opts) for p, opts in zip(s.providers, _options_for(s))]
+        options.enable_profiling = True
+        options.profile_file_prefix = os.path.join(tmp, "placement")
         with captured_stderr():
-            session = ort.InferenceSession(str(s.model_path), so, providers=providers)
-        static = s.input_shape[2:]
-        P = s.patch_size or 1
-        hw = tuple(static) if all(isinstance(d, int) for d in static) else (P, P)
-        session.run(None, {s.input_name: np.zeros((1, s.in_chans, *hw), np.float32)})
+            session = ort.InferenceSession(str(model), options, providers=providers)
+        session.run(None, {input_name: np.zeros((1, *input_chw), np.float32)})
         with open(session.end_profiling()) as f:
             events = json.load(f)
     out: dict[str, list[str]] = {}
@@ -36,8 +32,3 @@ def profile_placement(s: ViTSession) -> dict[str, list[str]]:
             provider = short_name(e["args"].get("provider", "?"))
             out.setdefault(provider, []).append(e["name"][: -len("_kernel_time")])
     return out
-
-
-def _options_for(s: ViTSession) -> list[dict[str, Any]]:
-    by_name = {p.name: p.options for p in s.requested}
-    return [by_name.get(p, {}) for p in s.providers]

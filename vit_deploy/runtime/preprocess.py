@@ -13,10 +13,10 @@ from typing import Any, Union
 import numpy as np
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
-from vit_deploy.config import check_normalization
-from vit_deploy.contract import RESIZE_RULES
+from vit_deploy.runtime.config import check_normalization
+from vit_deploy.runtime.contract import RESIZE_RULES
 from vit_deploy.runtime.manifest import Manifest
-from vit_deploy.sizes import MAX_SIDE, require_patch_multiple
+from vit_deploy.runtime.sizes import MAX_SIDE, require_patch_multiple
 
 ImageInput = Union[str, os.PathLike, bytes, bytearray, Image.Image, np.ndarray]
 

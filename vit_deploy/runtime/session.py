@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from vit_deploy.config import ViTConfig
-from vit_deploy.contract import FEATURES_NAME, LOGITS_NAME, METADATA_CONFIG_KEY, PATCH_TOKENS_NAME
+from vit_deploy.runtime.config import ViTConfig
+from vit_deploy.runtime.contract import FEATURES_NAME, LOGITS_NAME, METADATA_CONFIG_KEY, PATCH_TOKENS_NAME
 from vit_deploy.runtime.buckets import BucketRunner, resolve_target
 from vit_deploy.runtime.cpu import int8_warning
 from vit_deploy.runtime.graph_cache import OptimizedGraphCache
@@ -26,8 +26,9 @@ from vit_deploy.runtime.preprocess import ImageInput, Preprocess
 from vit_deploy.runtime.providers import (CPU, Provider, ProviderError, ProviderSpec, available,
                                           captured_stderr, failure_reason, parse_providers,
                                           short_name)
+from vit_deploy.runtime.swap import recover_on_open
 from vit_deploy.runtime.tensorrt import tensorrt_defaults
-from vit_deploy.sizes import (MemoryEstimateError, guard_memory, require_merge_room,
+from vit_deploy.runtime.sizes import (MemoryEstimateError, guard_memory, require_merge_room,
                               require_patch_multiple)
 
 OPTIMIZATION_LEVELS = {
@@ -111,8 +112,6 @@ class ViTSession:
     def __init__(self, model: str | Path, *, provider: ProviderSpec | Sequence[ProviderSpec] = "cpu",
                  precision: str = "fp32", fallback: bool = False,
                  options: RuntimeOptions = RuntimeOptions(), target: str | None = "auto"):
-        from vit_deploy.atomic import recover_on_open
-
         path = Path(model)
         recover_on_open(path)  # before is_dir: a writer killed mid-swap may have moved it aside
         self.options = options
@@ -339,7 +338,14 @@ class ViTSession:
         {provider alias: [node names]}. Nodes on 'cpu' while another provider was asked
         for are the ones that fell back."""
         if self._placement is None:
-            self._placement = profile_placement(self)
+            by_name = {p.name: p.options for p in self.requested}
+            static = self.input_shape[2:]  # a static graph's own size, else one patch
+            P = self.patch_size or 1
+            hw = tuple(static) if all(isinstance(d, int) for d in static) else (P, P)
+            self._placement = profile_placement(
+                self.model_path, self.session_options(),
+                [(p, by_name.get(p, {})) for p in self.providers], self.input_name,
+                (self.in_chans, *hw))
         return self._placement
 
     def session_options(self) -> ort.SessionOptions:

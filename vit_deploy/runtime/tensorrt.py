@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vit_deploy.contract import INPUT_NAME
+from vit_deploy.runtime.contract import INPUT_NAME
 from vit_deploy.runtime.graph_cache import CACHE_DIR
 from vit_deploy.runtime.manifest import Manifest, bundle_path
 from vit_deploy.runtime.providers import Provider

@@ -22,7 +22,7 @@ export const WEB_RECORD = 'web.json'; // what `vit-deploy web` adds beside the m
 export const LOGITS = 'logits';
 export const PATCH_TOKENS = 'patch_tokens';
 // Bounds on what preprocessing computes with, (pixel * scale - mean) / std: those of
-// vit_deploy/config.py's check_normalization (any 8-bit pixel gives a finite float32).
+// vit_deploy/runtime/config.py's check_normalization (any 8-bit pixel gives a finite float32).
 export const MAX_ABS_MEAN = 1e4;
 export const MIN_STD = 1e-6;
 export const MAX_STD = 1e4;

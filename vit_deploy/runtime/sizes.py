@@ -8,7 +8,7 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from vit_deploy.config import ViTConfig
+    from vit_deploy.runtime.config import ViTConfig
 
 MAX_SIDE = 16384  # pixels per side of any resolution we accept (flags, manifests, images)
 _RES_RE = re.compile(r"^\s*(\d{1,9})\s*(?:[xX×]\s*(\d{1,9})\s*)?$")

@@ -1,0 +1,92 @@
+"""Files the bundle writers and readers share: hashing, atomic writes, hard links, and the
+atomic exchange of two paths. A leaf: standard library only."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def can_exchange() -> bool:
+    return (os.environ.get("VIT_DEPLOY_NO_EXCHANGE") != "1"
+            and hasattr(_libc(), "renameat2"))
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2); False where unsupported."""
+    rc = _libc().renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b),
+                           _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def write_bytes_atomic(dst: str | os.PathLike, data: bytes) -> Path:
+    """Write a file through a temporary sibling and rename it into place."""
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.tmp-", dir=dst.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~umask())  # mkstemp makes 0600; artifacts are ordinary files
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, dst)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return dst
+
+
+def link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """A hard link (a multi-GB model is not copied), else a copy."""
+    Path(dst).parent.mkdir(parents=True, exist_ok=True)
+    if os.path.islink(src):
+        os.symlink(os.readlink(src), dst)
+        return
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def umask() -> int:
+    """The process umask (read without changing it for long)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every regular file under `root` (before it is swapped in)."""
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
