@@ -11,7 +11,8 @@ from click.testing import CliRunner
 from vit_deploy.cli import main
 from vit_deploy.runtime.config import variant
 from vit_deploy.export.checkpoints import save_weights
-from vit_deploy.export.model import build_model, pi_resize_matrix, resample_patch_embed
+from vit_deploy.export.model import build_model
+from vit_deploy.export.patch_resample import pi_resize_matrix, resample_patch_embed
 
 
 def _bilinear_matrix(old: int, new: int) -> np.ndarray:

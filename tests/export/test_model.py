@@ -4,7 +4,8 @@ import torch
 from torch import nn
 
 from vit_deploy.runtime.config import variant
-from vit_deploy.export.model import Attention, PatchEmbed, build_model, resample_pos_embed
+from vit_deploy.export.model import Attention, PatchEmbed, build_model
+from vit_deploy.export.pos_embed import resample_pos_embed
 
 
 def _cubic_resize(a: np.ndarray, size: int, axis: int, A: float = -0.75) -> np.ndarray:

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from vit_deploy.runtime.config import ViTConfig, variant
-from vit_deploy.export.model import (Attention, bipartite_soft_matching, build_model,
-                                     merge_tokens, numpy_forward)
+from vit_deploy.export.model import Attention, build_model, numpy_forward
 from vit_deploy.export.onnx import export_onnx
+from vit_deploy.export.token_merge import bipartite_soft_matching, merge_tokens
 from vit_deploy.parity import batch_independence
 from vit_deploy.runtime.sizes import require_merge_room
 

@@ -1,5 +1,9 @@
 """Reference Vision Transformer (pre-norm), built from a ViTConfig.
 
+Its parts with a concept of their own live beside it: position embeddings and their
+resampling (pos_embed.py), FlexiViT's patch-kernel resize (patch_resample.py), token
+merging (token_merge.py).
+
 Shapes in comments: B batch, C channels, H/W pixels, P patch, gh/gw patch grid,
 N = gh*gw patch tokens, T = prefix + N tokens, D width, h heads, d head dim.
 """
@@ -13,67 +17,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from vit_deploy.runtime.config import ViTConfig
+from vit_deploy.export.patch_resample import resample_patch_embed
+from vit_deploy.export.pos_embed import (FactorizedPosEmbed, FixedPosEmbed, LearnedPosEmbed,
+                                         resample_pos_embed)
+from vit_deploy.export.token_merge import bipartite_soft_matching, merge_tokens
 from vit_deploy.outputs import OutputSelection, block_of
 from vit_deploy.runtime.sizes import require_merge_room, require_patch_multiple
-
-
-def resample_pos_embed(table: torch.Tensor, grid_hw: tuple, *, mode: str = "bicubic",
-                       antialias: bool = False) -> torch.Tensor:
-    """Resample a grid of position vectors (1, gh0, gw0, D) to (1, gh, gw, D).
-
-    Pure function, no shape-dependent branch: it always interpolates, and with
-    align_corners=False the cubic/linear weights at scale 1 are exactly (0, 1, 0, 0),
-    so the native grid comes back unchanged. Runs inside the exported graph, so one model
-    accepts any grid. Without antialias, bicubic / bilinear are separable: two small
-    products with the 1-D weight matrices (interp_matrix), the same numbers as
-    F.interpolate on the table without ONNX Runtime's CPU Resize over all D channels
-    (measured: 97 of 445 ms of a ViT-B/16 int8 run at 448). With antialias (timm, DINOv2
-    with registers) F.interpolate itself (ONNX Resize): the basis trick did not reproduce it.
-    """
-    if antialias:
-        grid = table.permute(0, 3, 1, 2)  # (1, D, gh0, gw0)
-        grid = F.interpolate(grid, size=(grid_hw[0], grid_hw[1]), mode=mode,
-                             align_corners=False, antialias=True)  # (1, D, gh, gw)
-        return grid.permute(0, 2, 3, 1)  # (1, gh, gw, D)
-    rows = interp_matrix(grid_hw[0], table.shape[1], mode=mode, dtype=table.dtype)  # (gh, gh0)
-    cols = interp_matrix(grid_hw[1], table.shape[2], mode=mode, dtype=table.dtype)  # (gw, gw0)
-    out = torch.einsum("ha,nabd->nhbd", rows, table)  # (1, gh, gw0, D)
-    return torch.einsum("wb,nhbd->nhwd", cols, out)  # (1, gh, gw, D)
-
-
-def interp_matrix(n_out: int, n_in: int, *, mode: str, dtype: torch.dtype) -> torch.Tensor:
-    """(n_out, n_in): F.interpolate's 1-D weights (align_corners=False, no antialias), read
-    off by resizing the n_in basis vectors (a Resize over n_in channels of length n_in:
-    cheap at any n_out)."""
-    basis = torch.eye(n_in, dtype=dtype)[None, :, :, None]  # (1, n_in, n_in, 1)
-    resized = F.interpolate(basis, size=(n_out, 1), mode=mode,
-                            align_corners=False)  # (1, n_in, n_out, 1)
-    return resized[0, :, :, 0].transpose(0, 1)  # (n_out, n_in)
-
-
-def pi_resize_matrix(old: tuple[int, int], new: tuple[int, int], *, mode: str = "bicubic",
-                     antialias: bool = True) -> torch.Tensor:
-    """The linear map B (new_h·new_w, old_h·old_w) that resizes a flattened old-size patch
-    to the new size (F.interpolate on each basis patch; float64)."""
-    n = old[0] * old[1]
-    basis = torch.eye(n, dtype=torch.float64).reshape(n, 1, *old)
-    resized = F.interpolate(basis, size=new, mode=mode, antialias=antialias, align_corners=False)
-    return resized.reshape(n, -1).T
-
-
-def resample_patch_embed(weight: torch.Tensor, new: tuple[int, int], *, mode: str = "bicubic",
-                         antialias: bool = True) -> torch.Tensor:
-    """FlexiViT's pseudo-inverse resize (PI-resize) of a patch-embedding kernel
-    (D, C, p, p) -> (D, C, new_h, new_w): w' = pinv(Bᵀ) w, so that <B x, w'> = <x, w> for
-    every old-size patch x when the kernel grows (exact), and in the least-squares sense
-    when it shrinks. timm's `resample_patch_embed` uses the same construction; bicubic with
-    antialias is its default. Differentiable in `weight` (flexible training)."""
-    D, C, ph, pw = weight.shape
-    if (ph, pw) == tuple(new):
-        return weight
-    B = pi_resize_matrix((ph, pw), tuple(new), mode=mode, antialias=antialias)
-    pinv = torch.linalg.pinv(B.T).to(weight.dtype)  # (new², old²)
-    return (weight.reshape(D * C, ph * pw) @ pinv.T).reshape(D, C, *new)
 
 
 class PatchEmbed(nn.Module):
@@ -92,62 +41,6 @@ class PatchEmbed(nn.Module):
             w = resample_patch_embed(self.proj.weight, (patch, patch))
             x = F.conv2d(x, w, self.proj.bias, stride=patch)
         return x.flatten(2).transpose(1, 2)  # (B, N, D), raster order
-
-
-class LearnedPosEmbed(nn.Module):
-    """One vector per native grid cell (+ one per positioned prefix token), timm layout
-    (1, K + N0, D)."""
-
-    def __init__(self, cfg: ViTConfig):
-        super().__init__()
-        self.grid = cfg.grid_size
-        self.prefix = cfg.num_pos_prefix
-        n = self.grid[0] * self.grid[1]
-        self.pos_embed = nn.Parameter(torch.randn(1, self.prefix + n, cfg.width) * 0.02)
-        self.mode, self.antialias = cfg.pos_interp, cfg.pos_antialias
-
-    def forward(self, grid_hw: tuple) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (prefix positions (1, prefix, D), patch positions (1, N, D))."""
-        prefix, cells = self.pos_embed[:, : self.prefix], self.pos_embed[:, self.prefix:]
-        table = cells.reshape(1, self.grid[0], self.grid[1], -1)  # (1, gh0, gw0, D)
-        table = resample_pos_embed(table, grid_hw, mode=self.mode, antialias=self.antialias)
-        return prefix, table.flatten(1, 2)  # (1, N, D)
-
-
-class FactorizedPosEmbed(nn.Module):
-    """A row table and a column table; cell (i, j) gets row[i] + col[j].
-
-    Each table is resampled along its own axis when the grid changes.
-    """
-
-    def __init__(self, cfg: ViTConfig):
-        super().__init__()
-        gh, gw = cfg.grid_size
-        self.pos_row = nn.Parameter(torch.randn(1, gh, cfg.width) * 0.02)
-        self.pos_col = nn.Parameter(torch.randn(1, gw, cfg.width) * 0.02)
-        self.pos_prefix = nn.Parameter(torch.randn(1, cfg.num_pos_prefix, cfg.width) * 0.02)
-        self.mode, self.antialias = cfg.pos_interp, cfg.pos_antialias
-
-    def forward(self, grid_hw: tuple) -> tuple[torch.Tensor, torch.Tensor]:
-        kw = dict(mode=self.mode, antialias=self.antialias)
-        rows = resample_pos_embed(self.pos_row[:, :, None], (grid_hw[0], 1), **kw)  # (1, gh, 1, D)
-        cols = resample_pos_embed(self.pos_col[:, None], (1, grid_hw[1]), **kw)  # (1, 1, gw, D)
-        return self.pos_prefix, (rows + cols).flatten(1, 2)  # (1, N, D)
-
-
-class FixedPosEmbed(nn.Module):
-    """Position table frozen at one grid (static export: a constant, no Resize)."""
-
-    def __init__(self, prefix: torch.Tensor, cells: torch.Tensor, grid_hw: tuple[int, int]):
-        super().__init__()
-        self.grid = grid_hw
-        self.register_buffer("prefix", prefix.detach().clone())
-        self.register_buffer("cells", cells.detach().clone())
-
-    def forward(self, grid_hw: tuple) -> tuple[torch.Tensor, torch.Tensor]:
-        if (int(grid_hw[0]), int(grid_hw[1])) != self.grid:
-            raise ValueError(f"this model is frozen at grid {self.grid}, got {tuple(grid_hw)}")
-        return self.prefix, self.cells
 
 
 class Attention(nn.Module):
@@ -182,54 +75,6 @@ class Attention(nn.Module):
             x = F.scaled_dot_product_attention(torch.cat([q, root], -1), torch.cat([k, bias], -1),
                                                v, scale=d ** -0.5)  # (B, h, T, d)
         return self.proj(x.transpose(1, 2).reshape(B, T, D)), metric
-
-
-def bipartite_soft_matching(metric: torch.Tensor, r: int, prefix: int
-                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """ToMe's matching (Bolya et al. 2023, Algorithm 1) on the patch tokens of one block.
-
-    metric (B, T, d): each token's key. Prefix tokens (class, distillation, registers)
-    take no part. The N patches alternate into sets A (even) and B (odd); each A token
-    finds its most similar B token (cosine); the r best-matched A tokens are merged into
-    their B partners. Returns, as indices into the N patches: the merged A tokens (B, r),
-    their B partners (B, r), and the N - r survivors in raster order (B, N - r).
-
-    Exportable with dynamic shapes: ArgMax, TopK, GatherElements, ScatterElements; the
-    token count after the block is N - r, a linear expression (needs N >= 2r: see
-    ViTConfig.min_patches).
-    """
-    m = metric[:, prefix:]  # (B, N, d)
-    m = m / m.norm(dim=-1, keepdim=True)
-    a, b = m[:, 0::2], m[:, 1::2]  # (B, Na, d), (B, Nb, d): A even patches, B odd ones
-    best, partner = (a @ b.transpose(1, 2)).max(dim=-1)  # (B, Na): each A token's best match
-    src = best.topk(r, dim=-1).indices  # (B, r) the best-matched A tokens merge
-    dst = partner.gather(1, src)  # (B, r) into their partners
-    src, dst = 2 * src, 2 * dst + 1  # as indices into the N patches
-    # Survivors: every patch but the merged ones, in raster order. Their count N - r does
-    # not depend on the A / B split, so the exporter's symbolic sizes stay linear block
-    # after block (N - r1 - r2 ...), not nested ceil / floor halves.
-    N = m.shape[1]
-    position = torch.arange(N, device=m.device).to(m.dtype)[None]  # (1, N)
-    merged = torch.zeros_like(m[..., 0]).scatter(1, src, 1.0)  # (B, N)
-    keep = (-(position + merged * N)).topk(N - r, dim=-1).indices  # (B, N - r) ascending
-    return src, dst, keep
-
-
-def merge_tokens(x: torch.Tensor, size: torch.Tensor, prefix: int, src: torch.Tensor,
-                 dst: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Size-weighted average of each merged group: x (B, T, D), size (B, T, 1) ->
-    (B, T - r, D), (B, T - r, 1). Prefix tokens stay first and untouched; the surviving
-    patch tokens keep their raster order."""
-    def merge(t: torch.Tensor) -> torch.Tensor:  # (B, T, C) -> (B, T - r, C), summed
-        C = t.shape[-1]
-        pre, patches = t[:, :prefix], t[:, prefix:]
-        moved = patches.gather(1, src[..., None].expand(-1, -1, C))  # (B, r, C)
-        patches = patches.scatter_add(1, dst[..., None].expand(-1, -1, C), moved)
-        return torch.cat([pre, patches.gather(1, keep[..., None].expand(-1, -1, C))], dim=1)
-
-    total = merge(x * size)
-    size = merge(size)
-    return total / size, size
 
 
 class MLP(nn.Module):
