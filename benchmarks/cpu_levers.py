@@ -13,7 +13,7 @@ them against the bundle's fp32 model, and print the `cpu_vs_peers.py` line that 
 - `int8_skipln`: the bundle's int8 file with each residual Add + LayerNormalization fused
   into ORT's contrib `SkipLayerNormalization` (ORT's own offline fusion; its session
   optimiser does not find them in our graph).
-The README (CPU speed) gives what each measured.
+docs/cpu-speed.md gives what each measured.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Dense outputs against Hugging Face, at full model size: the README's parity table.
+"""Dense outputs against Hugging Face, at full model size (docs/dense-outputs.md's table).
 
 Builds DINOv2 ViT-S/14 (without and with 4 registers) and ViT-B/16 with transformers
 (random weights moved off their init: no download), loads each through our Hugging Face

@@ -35,6 +35,16 @@ def test_readme_starts_with_the_two_commands():
     assert (ROOT / ".ci" / "run").read_text().strip().endswith("make test")
 
 
+def test_the_docs_start_where_the_readme_does():
+    """docs/getting-started.md opens with the README's two commands and the sentence on what
+    they set up, word for word; the README's tour shows the command `make export` runs."""
+    readme = (ROOT / "README.md").read_text()
+    start = readme[readme.index("    make export"):readme.index("\n\n", readme.index("Both work"))]
+    assert start in (ROOT / "docs" / "getting-started.md").read_text()
+    shown = re.search(r"^\s*vit-deploy export (.*?)\s+# what make export runs$", readme, re.M)
+    assert shown and shlex.split(shown.group(1)) == _make_export_args()
+
+
 @pytest.mark.slow
 def test_readme_export_command_gives_a_bundle_that_runs_at_any_resolution(tmp_path):
     args = _make_export_args()

@@ -501,7 +501,7 @@ def thread_scaling(threads: int, *, size: int = 1024, repeats: int = 15) -> floa
     """How many cores' worth `threads` get right now: an int8 matmul's best time on one
     thread ÷ on `threads`, back to back. Measured on a 2-vCPU cloud guest: 2.0 at some
     moments and 0.9-1.2 at others, minute to minute (the second vCPU shared a physical
-    core with another guest), and every model's latency moved with it (README)."""
+    core with another guest), and every model's latency moved with it (docs/cpu-speed.md)."""
     best = []
     for n in (1, threads):
         session, feed = int8_gemm(n, size)

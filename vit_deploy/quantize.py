@@ -1,8 +1,8 @@
 """fp32 ONNX -> fp16 / int8 dynamic / int8 static (QDQ) / int4 weight-only.
 
 Only the linear layers are quantised: those inside the encoder blocks (qkv, proj, fc1,
-fc2) and the classifier head (measured harmless: README); the patch embedding, position
-resampling, LayerNorm, Softmax and GELU stay float (DESIGN.md). Layers are named by module path (`blocks.3.mlp.fc2`), mapped to ONNX
+fc2) and the classifier head (measured harmless: docs/precisions.md); the patch embedding,
+position resampling, LayerNorm, Softmax and GELU stay float (DESIGN.md). Layers are named by module path (`blocks.3.mlp.fc2`), mapped to ONNX
 node names through the metadata the exporter stores. Needs onnx + onnxruntime only.
 """
 
@@ -44,7 +44,7 @@ class QuantOptions:
     calibration: str = "minmax"  # int8-static: minmax | entropy | percentile
     percentile: float = 99.999
     block_size: int = 32  # int4: weights per quantisation block
-    head: bool = True  # quantise the classifier head too (measured harmless, README)
+    head: bool = True  # quantise the classifier head too (measured harmless, docs/precisions.md)
     # int8 (a CPU precision, ORT-only anyway): erf-GELU as ORT's contrib Gelu, bit-exact
     # and 3.5 % faster on ViT-B/16 (ORT's session optimiser does not fuse the exporter's
     # pattern itself; its offline FusionGelu, which fuse_gelu runs, does).
@@ -255,7 +255,7 @@ def _int8_static(src: Path, dst: Path, nodes: list[str], options: QuantOptions,
     # fuses Q -> DQ -> MatMul into MatMulIntegerToFloat for every layer. With quantised
     # outputs it made QLinearMatMul of 37 of ViT-B/16's 49 and left 12 (the fc1 layers) as
     # DequantizeLinear + fp32 MatMul, dequantising their weights on every run: 3.7x slower
-    # than dynamic int8 (README, CPU speed).
+    # than dynamic int8 (docs/cpu-speed.md).
     extra: dict[str, Any] = {"MatMulConstBOnly": True,
                              "OpTypesToExcludeOutputQuantization": ["MatMul"]}
     if options.calibration == "percentile":

@@ -3,7 +3,7 @@
 `export_static(model, dst, batch=1, resolution=(H, W))` traces a copy of the model frozen at
 one size (`ViT.frozen_at`: the position table is a constant) with every dim fixed, and with
 the two ops that split ONNX Runtime's mobile partitions written differently (measured with
-`onnxruntime.tools.check_onnx_model_mobile_usability` on ViT-Ti/16, README):
+`onnxruntime.tools.check_onnx_model_mobile_usability` on ViT-Ti/16, docs/edge-targets.md):
 
 - the class-token `Expand` to the batch (CoreML MLProgram: unsupported) becomes a `Concat`
   with a constant of zeros and one `Add` of a constant table holding the prefix tokens and
@@ -149,7 +149,7 @@ def export_static(model: ViT, dst: str | Path, *, batch: int, resolution: tuple[
     bundle's output names, in its order."""
     cfg = model.cfg
     vit = static_model(model.eval(), *resolution)
-    if mobile_ops:  # NNAPI / CoreML take every node (README: Edge targets)
+    if mobile_ops:  # NNAPI / CoreML take every node (docs/edge-targets.md)
         vit = with_mobile_ops(vit)
     module = reference_model(vit, OutputSelection(names=tuple(outputs), layer_norm=layer_norm))
     example = torch.randn(batch, cfg.in_chans, *resolution)
