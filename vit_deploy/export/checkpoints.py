@@ -32,7 +32,7 @@ from vit_deploy.runtime.files import write_bytes_atomic
 from vit_deploy.runtime.config import IMAGENET_MEAN, IMAGENET_STD, ViTConfig, check_normalization
 from vit_deploy.export.model import ViT, build_model
 
-CONFIG_KEY = "vit_deploy.runtime.config"
+CONFIG_KEY = "vit_deploy.config"
 
 
 class CheckpointError(ValueError):

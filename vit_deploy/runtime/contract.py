@@ -24,7 +24,7 @@ def layer_output(block: int) -> str:
 OPSET = 18  # Resize with antialias needs >= 18
 IR_VERSION = 10  # onnx 1.23 writes 14 by default; onnxruntime 1.31 reads at most 13
 PRODUCER = "vit-deploy"
-METADATA_CONFIG_KEY = "vit_deploy.runtime.config"
+METADATA_CONFIG_KEY = "vit_deploy.config"
 METADATA_LINEARS_KEY = "vit_deploy.linear_nodes"  # {module path: ONNX node name}
 
 MANIFEST_NAME = "manifest.json"
