@@ -1,7 +1,5 @@
 """The bucket policy (runtime/buckets.py): nearest aspect ratio, then area."""
 
-import math
-
 import numpy as np
 import pytest
 
@@ -11,20 +9,21 @@ from vit_deploy.runtime.preprocess import Preprocess
 BUCKETS = [(224, 224), (256, 320), (448, 448)]  # (H, W)
 
 
-def _log_aspect_distance(width, height, bucket):
-    return abs(math.log(bucket[0] / bucket[1]) - math.log(height / width))
-
-
-@pytest.mark.parametrize("width,height", [(640, 480), (100, 100), (300, 300), (4000, 4000),
-                                          (480, 640), (1000, 200), (320, 256)])
-def test_the_chosen_bucket_has_the_nearest_aspect_then_the_smallest_covering_area(width, height):
-    chosen = choose_bucket(width, height, BUCKETS)
-    best = min(_log_aspect_distance(width, height, b) for b in BUCKETS)
-    assert _log_aspect_distance(width, height, chosen) == pytest.approx(best)
-    same = [b for b in BUCKETS if _log_aspect_distance(width, height, b) == pytest.approx(best)]
-    covering = [b for b in same if b[0] * b[1] >= width * height]
-    assert chosen == (min(covering, key=lambda b: b[0] * b[1]) if covering
-                      else max(same, key=lambda b: b[0] * b[1]))
+# (width, height) -> the bucket, each worked out by hand: aspect is H/W, compared on a log
+# scale; among the nearest aspects the smallest bucket that covers the image's area, else
+# the largest.
+@pytest.mark.parametrize("width,height,bucket", [
+    (640, 480, (256, 320)),  # 0.75 is nearest 0.8 (log distance 0.065 vs 0.288 to 1)
+    (100, 100, (224, 224)),  # square: both square buckets cover 10,000 px; the smaller
+    (300, 300, (448, 448)),  # 90,000 px: 224² = 50,176 does not cover, 448² does
+    (4000, 4000, (448, 448)),  # none covers 16 M px: the largest square
+    (480, 640, (448, 448)),  # 1.33 is nearer 1 (0.288) than 0.8 (0.511); none covers: largest
+    (1000, 200, (256, 320)),  # 0.2: log distance 1.386 to 0.8, 1.609 to 1
+    (320, 256, (256, 320)),  # 0.8 exactly
+])
+def test_the_chosen_bucket_has_the_nearest_aspect_then_the_smallest_covering_area(
+        width, height, bucket):
+    assert choose_bucket(width, height, BUCKETS) == bucket
 
 
 def test_named_cases():
