@@ -26,7 +26,7 @@ _IMPORT_ALL_BUT_EXPORT = textwrap.dedent("""
         for info in pkgutil.iter_modules(path, prefix):
             if info.name == "vit_deploy.export":
                 continue
-            if info.name == "vit_deploy.server" and importlib.util.find_spec("fastapi") is None:
+            if info.name == "vit_deploy.serve" and importlib.util.find_spec("fastapi") is None:
                 skipped.append(info.name)
                 continue
             module = importlib.import_module(info.name)
@@ -194,3 +194,4 @@ def test_the_runtime_imports_only_itself():
     assert len(runtime) >= 10
     outside = {m: sorted(e for e in graph[m] if e not in runtime) for m in sorted(runtime)}
     assert {m: e for m, e in outside.items() if e} == {}
+
