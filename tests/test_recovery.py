@@ -160,7 +160,7 @@ def _cli(*args):
 
 
 def _serve_loader(b: Path, out: Path, image: Path) -> None:
-    from vit_deploy.server import make_app  # what `vit-deploy serve` does before binding
+    from vit_deploy.serve.app import make_app  # what `vit-deploy serve` does before binding
 
     with ViTSession(b) as session:
         make_app(session)

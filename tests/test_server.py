@@ -23,9 +23,12 @@ import uvicorn
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from vit_deploy import server as srv
 from vit_deploy.runtime import ViTSession
 from vit_deploy.runtime.preprocess import ImageError
+from vit_deploy.serve.app import make_app
+from vit_deploy.serve.limits import MAX_IMAGE_BYTES, MULTIPART_OVERHEAD
+from vit_deploy.serve.metrics import CLIENT_GONE, LATENCY_BUCKETS_MS, LatencyStats
+from vit_deploy.serve.run import serve
 
 # Tests that do not depend on the model kind run on one: the first of conftest's kinds,
 # so the session's cached export is reused.
@@ -81,20 +84,6 @@ def test_predict_health_metadata(server):
     assert httpx.get(f"{url}/metadata").json()["config"]["name"] == "tiny/8"
 
 
-def test_concurrent_requests_are_batched(server):
-    url, _ = server
-    before = httpx.get(f"{url}/stats").json()
-    with ThreadPoolExecutor(8) as pool:
-        responses = list(pool.map(lambda i: httpx.post(
-            f"{url}/predict", content=_png(i * 20), headers={"content-type": "image/png"},
-            timeout=30), range(8)))
-    assert all(r.status_code == 200 for r in responses)
-    after = httpx.get(f"{url}/stats").json()
-    assert after["requests"] - before["requests"] == 8
-    assert after["batches"] - before["batches"] < 8  # some requests shared a batch
-    assert max(r.json()["batch_size"] for r in responses) > 1
-
-
 @pytest.mark.parametrize("kwargs,status,message", [
     (dict(content=b"not an image", headers={"content-type": "image/png"}), 400, "not an image"),
     (dict(content=b"", headers={"content-type": "image/png"}), 400, "empty"),
@@ -122,11 +111,36 @@ def session(tiny_bundle):
 def running(session, before=None, **kwargs):
     """(TestClient, Batcher) with the app's lifespan (and so its worker) running;
     `before(batcher)` runs before the worker starts."""
-    app = srv.make_app(session, **kwargs)
+    app = make_app(session, **kwargs)
     if before is not None:
         before(app.state.batcher)
     with TestClient(app) as client:
         yield client, app.state.batcher
+
+
+@ONE_KIND
+def test_concurrent_requests_are_batched(session):
+    """With max_batch=4 and LONG_WAIT_MS a batch starts only once its fourth request is
+    in: four concurrent requests are one session run of four, however the threads are
+    scheduled (no race against the wait)."""
+    with running(session, max_batch=4, max_wait_ms=LONG_WAIT_MS) as (client, _):
+        with ThreadPoolExecutor(4) as pool:
+            responses = list(pool.map(lambda i: client.post(
+                "/predict", content=_png(i * 20), headers=PNG), range(4)))
+        assert [r.status_code for r in responses] == [200] * 4, [r.text for r in responses]
+        assert [r.json()["batch_size"] for r in responses] == [4] * 4
+        m = client.get("/stats").json()
+        assert (m["requests"], m["batches"], m["batch_sizes"]) == (4, 1, {"4": 1})
+
+
+@ONE_KIND
+def test_a_lone_request_is_answered_when_its_wait_ends(session):
+    """The other side of the wait: no company comes, so the batch closes at its deadline
+    with one image (whenever that is, the outcome is the same)."""
+    with running(session, max_batch=4, max_wait_ms=20) as (client, _):
+        r = client.post("/predict", content=_png(7), headers=PNG)
+        assert r.status_code == 200 and r.json()["batch_size"] == 1
+        assert client.get("/stats").json()["batch_sizes"] == {"1": 1}
 
 
 def _crash_on(batcher, payload: bytes, exc: BaseException) -> None:
@@ -291,14 +305,14 @@ def test_a_generator_body_is_sent_without_content_length():
 
 @ONE_KIND
 def test_chunked_uploads_over_the_limit_get_413(session):
-    over = srv.MAX_IMAGE_BYTES + srv.MULTIPART_OVERHEAD + 1
+    over = MAX_IMAGE_BYTES + MULTIPART_OVERHEAD + 1
     with running(session) as (client, _):
         r = client.post("/predict", content=_chunks(over), headers=PNG)
         assert r.status_code == 413 and "over the limit" in r.json()["error"]
         body, headers = _multipart(b"\0" * over)
         r = client.post("/predict", content=iter([body]), headers=headers)
         assert r.status_code == 413 and "over the limit" in r.json()["error"]
-        body, headers = _multipart(b"\0" * (srv.MAX_IMAGE_BYTES + 1))  # within the slack
+        body, headers = _multipart(b"\0" * (MAX_IMAGE_BYTES + 1))  # within the slack
         r = client.post("/predict", content=iter([body]), headers=headers)
         assert r.status_code == 413 and "over the limit" in r.json()["error"]
         good = _png(90)
@@ -323,7 +337,7 @@ def test_multipart_needs_exactly_one_file(session):
 
 
 def test_latency_stats_use_fixed_memory():
-    stats = srv.LatencyStats(window=16)
+    stats = LatencyStats(window=16)
     for v in (0.5, 1.0, 3.0, 20_000.0):
         stats.add(v)
     buckets = stats.summary()["buckets"]
@@ -333,14 +347,14 @@ def test_latency_stats_use_fixed_memory():
         stats.add(i % 100)
     s = stats.summary()
     assert len(stats.recent) == stats.recent.maxlen == 16 == s["window"]
-    assert len(stats.counts) == len(srv.LATENCY_BUCKETS_MS) + 1 == len(s["buckets"])
+    assert len(stats.counts) == len(LATENCY_BUCKETS_MS) + 1 == len(s["buckets"])
     assert s["count"] == 10_004 and s["buckets"]["+Inf"] == 10_004
     assert list(s["buckets"].values()) == sorted(s["buckets"].values())
 
 
 @ONE_KIND
 def test_metrics_stay_bounded(session, monkeypatch):
-    monkeypatch.setattr(srv, "LATENCY_WINDOW", 8)
+    monkeypatch.setattr("vit_deploy.serve.metrics.LATENCY_WINDOW", 8)
     with running(session, max_wait_ms=0) as (client, batcher):
         for i in range(20):
             assert client.post("/predict", content=_png(i), headers=PNG).status_code == 200
@@ -431,7 +445,7 @@ def test_a_client_that_goes_away_does_not_harm_its_batch(session, caplog):
         sent = client.portal.call(_call, app, [
             {"type": "http.request", "body": _png(1), "more_body": False},
             {"type": "http.disconnect"}])
-        assert sent[0]["status"] == srv.CLIENT_GONE
+        assert sent[0]["status"] == CLIENT_GONE
         r = client.post("/predict", content=_png(2), headers=PNG)
         assert r.status_code == 200 and r.json()["batch_size"] == 1
         m = client.get("/stats").json()
@@ -445,7 +459,7 @@ def test_a_disconnect_while_uploading_is_not_an_error(session, caplog):
         sent = client.portal.call(_call, client.app, [
             {"type": "http.request", "body": b"\x89PNG", "more_body": True},
             {"type": "http.disconnect"}])
-        assert sent[0]["status"] == srv.CLIENT_GONE
+        assert sent[0]["status"] == CLIENT_GONE
         assert client.post("/predict", content=_png(2), headers=PNG).status_code == 200
         assert client.get("/stats").json()["disconnects"] == 1
     assert not [rec for rec in caplog.records if rec.levelno >= logging.WARNING or rec.exc_info]
@@ -491,14 +505,14 @@ def test_serve_reports_a_port_in_use_before_saying_it_serves():
         port = taken.getsockname()[1]
         ready = []
         with pytest.raises(OSError, match=f"127.0.0.1:{port}: port {port} is already in use"):
-            srv.serve(object(), "127.0.0.1", port, on_ready=ready.append)
+            serve(object(), "127.0.0.1", port, on_ready=ready.append)
         assert ready == []
 
 
 def test_serve_reports_an_address_that_is_not_ours():
     ready = []
     with pytest.raises(OSError, match="203.0.113.7 is not an address of this machine"):
-        srv.serve(object(), "203.0.113.7", 0, on_ready=ready.append)
+        serve(object(), "203.0.113.7", 0, on_ready=ready.append)
     assert ready == []
 
 
@@ -511,9 +525,9 @@ def test_serve_binds_then_calls_on_ready_then_serves(session, monkeypatch):
             super().__init__(config)
             servers.append(self)
 
-    monkeypatch.setattr(srv.uvicorn, "Server", Recording)
+    monkeypatch.setattr(uvicorn, "Server", Recording)
     ready: queue.Queue = queue.Queue()
-    thread = threading.Thread(target=srv.serve, args=(srv.make_app(session), "127.0.0.1", 0),
+    thread = threading.Thread(target=serve, args=(make_app(session), "127.0.0.1", 0),
                               kwargs={"on_ready": ready.put}, daemon=True)
     thread.start()
     url = ready.get(timeout=120)
@@ -521,7 +535,7 @@ def test_serve_binds_then_calls_on_ready_then_serves(session, monkeypatch):
         assert url.startswith("http://127.0.0.1:") and not url.endswith(":0")
         with httpx.Client(base_url=url, timeout=120) as http:
             assert http.get("/health").json()["status"] == "ok"  # the backlog held it
-            r = http.post("/predict", content=_chunks(srv.MAX_IMAGE_BYTES + (2 << 20)),
+            r = http.post("/predict", content=_chunks(MAX_IMAGE_BYTES + (2 << 20)),
                           headers=PNG)
             assert r.status_code == 413 and "over the limit" in r.json()["error"]
             assert http.post("/predict", content=_png(9), headers=PNG).status_code == 200

@@ -25,8 +25,12 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from vit_deploy import server as srv
 from vit_deploy.runtime import ViTSession
+from vit_deploy.serve.app import make_app, serving_model
+from vit_deploy.serve.codec import parse_infer_request
+from vit_deploy.serve.connections import RepeatFilter
+from vit_deploy.serve.errors import Failure
+from vit_deploy.serve.limits import MAX_INFER_BYTES, Limits
 
 ONE_KIND = pytest.mark.parametrize("tiny_bundle", [("learned", "cls")], indirect=True,
                                    ids=["learned-cls"])
@@ -38,11 +42,13 @@ import json, resource, sys
 args = json.loads(sys.argv[1])
 if args.get("nofile"):
     resource.setrlimit(resource.RLIMIT_NOFILE, (args["nofile"], args["nofile"]))
-from vit_deploy import server as srv
 from vit_deploy.runtime import ViTSession
-app = srv.make_app(ViTSession(args["bundle"]), max_batch=2, max_wait_ms=1,
-                   limits=srv.Limits(**args["limits"]))
-srv.serve(app, "127.0.0.1", 0, on_ready=lambda url: print(url, flush=True))
+from vit_deploy.serve.app import make_app
+from vit_deploy.serve.limits import Limits
+from vit_deploy.serve.run import serve
+app = make_app(ViTSession(args["bundle"]), max_batch=2, max_wait_ms=1,
+               limits=Limits(**args["limits"]))
+serve(app, "127.0.0.1", 0, on_ready=lambda url: print(url, flush=True))
 """
 
 
@@ -187,7 +193,7 @@ def test_a_huge_declared_body_is_refused_before_it_is_read(bundle, path, ctype, 
         s = _connect(port, f"POST {path} HTTP/1.1\r\nHost: x\r\ncontent-type: {ctype}\r\n"
                            f"content-length: {declared}\r\n\r\n".encode())
         closed, sent = _closed_by_server([s], within=0.8)  # before the body timeout
-        if path == "/predict" or declared > srv.MAX_INFER_BYTES:
+        if path == "/predict" or declared > MAX_INFER_BYTES:
             assert sent and sent[0].startswith(b"HTTP/1.1 413"), sent
             assert b"over the limit" in sent[0]
         else:  # within the limit: the server waits for the body
@@ -253,7 +259,7 @@ def test_sigterm_during_slow_uploads_shuts_down_without_tracebacks(bundle):
 
 def test_repeated_log_lines_are_throttled():
     now = [0.0]
-    flt = srv.RepeatFilter(every=10, clock=lambda: now[0])
+    flt = RepeatFilter(every=10, clock=lambda: now[0])
     logger = logging.getLogger("test.flood")
     records = []
 
@@ -312,8 +318,8 @@ def _gif_claiming(width: int, height: int) -> bytes:
 def app_client(tiny_bundle):
     with ViTSession(tiny_bundle[1].path) as session:
         def start(**limits):
-            app = srv.make_app(session, max_batch=2, max_wait_ms=1,
-                               limits=srv.Limits(**limits))
+            app = make_app(session, max_batch=2, max_wait_ms=1,
+                               limits=Limits(**limits))
             return TestClient(app)
         yield start
 
@@ -451,7 +457,7 @@ def _fields(request: dict):
 @ONE_KIND
 def test_every_field_of_every_wrong_type_is_a_4xx_never_a_500(tiny_bundle):
     with ViTSession(tiny_bundle[1].path) as session:
-        model = srv.serving_model(session)
+        model = serving_model(session)
     base = _request(shape=(1, 3, 8, 8), id="r1", parameters={"binary_data_output": False},
                     outputs=[{"name": "logits", "parameters": {"binary_data": False}}])
     tried = 0
@@ -465,8 +471,8 @@ def test_every_field_of_every_wrong_type_is_a_4xx_never_a_500(tiny_bundle):
             body = json.dumps(request).encode()
             tried += 1
             try:
-                srv.parse_infer_request(body, None, model, max_batch=4)
-            except srv.Failure as f:
+                parse_infer_request(body, None, model, max_batch=4)
+            except Failure as f:
                 assert 400 <= f.status < 500 and f.message, (path, value)
     assert tried > 150
 
@@ -480,7 +486,7 @@ def test_every_field_of_every_wrong_type_is_a_4xx_never_a_500(tiny_bundle):
 @pytest.mark.parametrize("spacing", ["", " ", "\n  "])
 def test_json_data_parses_to_what_json_says(tiny_bundle, shape, layout, spacing):
     with ViTSession(tiny_bundle[1].path) as session:
-        model = srv.serving_model(session)
+        model = serving_model(session)
     x = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
     if layout == "flat":
         data = x.ravel().tolist()
@@ -491,7 +497,7 @@ def test_json_data_parses_to_what_json_says(tiny_bundle, shape, layout, spacing)
     text = json.dumps(_request(data=data, shape=shape), indent=1 if spacing else None)
     if spacing:
         text = text.replace(",", "," + spacing)
-    got = srv.parse_infer_request(text.encode(), None, model, max_batch=4).inputs[
+    got = parse_infer_request(text.encode(), None, model, max_batch=4).inputs[
         "pixel_values"]
     want = np.asarray(json.loads(text)["inputs"][0]["data"], np.float32).reshape(shape)
     np.testing.assert_array_equal(got, want)
@@ -514,35 +520,35 @@ def test_json_data_parses_to_what_json_says(tiny_bundle, shape, layout, spacing)
 ])
 def test_malformed_json_data_is_400(tiny_bundle, data, message):
     with ViTSession(tiny_bundle[1].path) as session:
-        model = srv.serving_model(session)
+        model = serving_model(session)
     body = ('{"inputs":[{"name":"pixel_values","datatype":"FP32","shape":[1,3,8,8],"data":'
             + data + '}]}').encode()
-    with pytest.raises(srv.Failure, match=message) as e:
-        srv.parse_infer_request(body, None, model, max_batch=4)
+    with pytest.raises(Failure, match=message) as e:
+        parse_infer_request(body, None, model, max_batch=4)
     assert e.value.status == 400
 
 
 @ONE_KIND
 def test_json_parsing_memory_is_bounded_by_the_body_not_by_python_floats(tiny_bundle):
     with ViTSession(tiny_bundle[1].path) as session:
-        model = srv.serving_model(session)
+        model = serving_model(session)
     shape = (4, 3, 256, 256)  # 786,432 values of "0," : 1.5 MB of text
     body = ('{"inputs":[{"name":"pixel_values","datatype":"FP32","shape":'
             + json.dumps(list(shape)) + ',"data":[' + ",".join(["0"] * math.prod(shape))
             + ']}]}').encode()
     tracemalloc.start()
     try:
-        got = srv.parse_infer_request(body, None, model, max_batch=4)
+        got = parse_infer_request(body, None, model, max_batch=4)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert got.inputs["pixel_values"].shape == shape
     assert peak < 2 * len(body) + 4 * math.prod(shape)  # json.loads alone: ~8 B per value
     # What numpy cannot take stays JSON, under its own limit (a 413 before parsing it).
-    limits = srv.Limits(max_json_bytes=1024 * 1024)
+    limits = Limits(max_json_bytes=1024 * 1024)
     nan_at_end = body.replace(b",0]}]}", b",NaN]}]}")
-    with pytest.raises(srv.Failure, match="besides its arrays of plain numbers") as e:
-        srv.parse_infer_request(nan_at_end, None, model, max_batch=4, limits=limits)
+    with pytest.raises(Failure, match="besides its arrays of plain numbers") as e:
+        parse_infer_request(nan_at_end, None, model, max_batch=4, limits=limits)
     assert e.value.status == 413
 
 
@@ -551,9 +557,9 @@ def test_json_parsing_memory_is_bounded_by_the_body_not_by_python_floats(tiny_bu
                                    [4, 3, 2048, 2048]])
 def test_a_declared_shape_over_the_limit_is_413_before_its_data_is_read(tiny_bundle, shape):
     with ViTSession(tiny_bundle[1].path) as session:
-        model = srv.serving_model(session)
+        model = serving_model(session)
     body = json.dumps({"inputs": [{"name": "pixel_values", "datatype": "FP32",
                                    "shape": shape, "data": [1, 2, 3]}]}).encode()
-    with pytest.raises(srv.Failure, match="over the limit") as e:
-        srv.parse_infer_request(body, None, model, max_batch=4)
+    with pytest.raises(Failure, match="over the limit") as e:
+        parse_infer_request(body, None, model, max_batch=4)
     assert e.value.status == 413 and str(shape[2]) in e.value.message

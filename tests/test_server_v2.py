@@ -27,12 +27,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
-from vit_deploy import server as srv
 from vit_deploy.cli import main
 from vit_deploy.runtime.contract import FEATURES_NAME, INDEPENDENCE_ABS_TOL, INPUT_NAME, LOGITS_NAME
 from vit_deploy.export.bundle import ExportOptions, export_bundle
 from vit_deploy.runtime import ViTSession
 from vit_deploy.runtime.session import InputError
+from vit_deploy.serve.app import make_app
 from vit_deploy.triton import model_metadata, triton_repository
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -381,7 +381,7 @@ def session_app(bundle):
     """session_app(**make_app kwargs) -> (TestClient, Batcher), lifespan running."""
     with ViTSession(bundle) as session, ExitStack() as stack:
         def start(**kwargs):
-            app = srv.make_app(session, model_name=NAME, **kwargs)
+            app = make_app(session, model_name=NAME, **kwargs)
             return stack.enter_context(TestClient(app)), app.state.batcher
 
         yield start

@@ -564,7 +564,8 @@ def serve(bundle: Path, host: str, port: int, provider: str, precision: str, max
     from vit_deploy.triton import model_name
 
     try:
-        from vit_deploy.server import make_app, serve as run_server
+        from vit_deploy.serve.app import make_app
+        from vit_deploy.serve.run import serve as run_server
     except ImportError:
         raise click.UsageError("serve needs FastAPI, uvicorn and prometheus-client: "
                                "pip install 'vit-deploy[serve]'") from None

@@ -2,7 +2,7 @@
 Inference Protocol (KServe v2) metadata.
 
 We do not write a distributed server: this emits what NVIDIA Triton's ONNX Runtime
-backend needs. The single-machine HTTP server is `vit_deploy.server`; it serves the same
+backend needs. The single-machine HTTP server is `vit_deploy.serve`; it serves the same
 model name, tensor names, datatypes and shapes, because both take them from
 `model_metadata` here (derived from the manifest's `io`).
 """
