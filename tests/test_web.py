@@ -12,6 +12,7 @@ import base64
 import contextlib
 import json
 import os
+import posixpath
 import re
 import shutil
 import socket
@@ -270,6 +271,28 @@ def test_web_refuses_a_foreign_directory_and_a_non_bundle(fixtures, tmp_path):
     r = CliRunner().invoke(main, ["web", str(tmp_path / "mine"), "--out", str(tmp_path / "s")])
     assert r.exit_code == 2 and "not a vit-deploy bundle" in r.output, r.output
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+
+
+def test_site_carries_every_module_the_browser_imports():
+    """The JavaScript a site gets (WebSources.modules) is every module under web/src but
+    Node's, and closed under its imports: the Node platform module is imported only by the
+    entry that runs in both, and only in Node."""
+    from vit_deploy.web import LIB_DIR, MODULE, NODE_ONLY, WebSources
+
+    src = WEB / "src"
+    modules = set(WebSources(WEB).modules)
+    node_only = {f"{LIB_DIR}/{name}" for name in NODE_ONLY}
+    every = {p.relative_to(src).as_posix() for p in src.rglob("*.mjs")}
+    assert every - modules == {"node.mjs", *node_only}
+    for name in sorted(modules):
+        code = "\n".join(line for line in (src / name).read_text().splitlines()
+                         if not line.lstrip().startswith("//"))
+        imported = re.findall(r"""(?:\bfrom|\bimport\s*\()\s*['"](\.{1,2}/[^'"]+)['"]""", code)
+        assert imported or name == f"{LIB_DIR}/common.mjs", f"{name} imports nothing?"
+        for spec in imported:
+            target = posixpath.normpath(posixpath.join(posixpath.dirname(name), spec))
+            assert target in modules or (name == MODULE and target in node_only), \
+                f"{name} imports {spec}, which the site lacks"
 
 
 def test_site_keeps_external_data_beside_the_model(fixtures, tmp_path):

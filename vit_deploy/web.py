@@ -5,7 +5,9 @@ preview server that sends what multi-threaded WebAssembly needs.
 
     SITE/
       index.html          the demo page: pick or drop an image, top-k, latency, backend
-      vit-deploy.mjs      the runtime (web/src/vit-deploy.mjs): load, classify, run
+      vit-deploy.mjs      the runtime's entry (web/src/vit-deploy.mjs): load, classify, run
+      browser.mjs         the browser's own entry (the same API, nothing of Node's)
+      lib/                the modules both import (web/src/lib, less Node's platform module)
       bundle/             manifest.json, the chosen model files (+ external data),
                           web.json (precisions, threads, external data, sizes)
       ort/                onnxruntime-web: WebAssembly build, WebGPU build, their .wasm
@@ -36,8 +38,13 @@ from vit_deploy.runtime.manifest import load_manifest
 from vit_deploy.runtime.model_scan import inspect_model
 
 WEB_FORMAT = "vit-deploy-web"
-WEB_RECORD = "web.json"  # beside the site's copy of the manifest; vit-deploy.mjs reads it
-MODULE = "vit-deploy.mjs"
+WEB_RECORD = "web.json"  # beside the site's copy of the manifest; the runtime reads it
+MODULE = "vit-deploy.mjs"  # the entry the page imports: it loads the browser's platform module
+# The JavaScript a site serves: the entries a page may import and every module under lib/
+# but what only Node runs (vit-deploy.mjs imports Node's platform module only in Node).
+ENTRIES = (MODULE, "browser.mjs")
+LIB_DIR = "lib"
+NODE_ONLY = ("platform-node.mjs",)
 PAGE = "index.html"
 BUNDLE_DIR = "bundle"
 ORT_DIR = "ort"
@@ -94,7 +101,7 @@ class WebSources:
         root = Path(os.environ.get("VIT_DEPLOY_WEB_DIR")
                     or Path(__file__).resolve().parent.parent / "web")
         sources = cls(root)
-        for path in (sources.module, sources.page):
+        for path in (*(root / "src" / name for name in ENTRIES), sources.page):
             if not path.is_file():
                 raise FileNotFoundError(f"{str(path)!r} is missing: `vit-deploy web` needs the "
                                         f"repository's web/ directory (or VIT_DEPLOY_WEB_DIR)")
@@ -111,6 +118,13 @@ class WebSources:
     @property
     def module(self) -> Path:
         return self.root / "src" / MODULE
+
+    @property
+    def modules(self) -> list[str]:
+        """The JavaScript files the site serves, relative to web/src (POSIX paths)."""
+        lib = sorted(p.name for p in (self.root / "src" / LIB_DIR).glob("*.mjs")
+                     if p.name not in NODE_ONLY)
+        return [*ENTRIES, *(f"{LIB_DIR}/{name}" for name in lib)]
 
     @property
     def page(self) -> Path:
@@ -142,9 +156,9 @@ class SiteResult:
 
     def __rich__(self) -> str:
         models = ", ".join(f"{p} {b / 1e6:.1f} MB" for p, b in self.model_bytes.items())
-        return (f"wrote {self.path}: {PAGE}, {MODULE}, {BUNDLE_DIR}/ ({models}), {ORT_DIR}/ "
-                f"(onnxruntime-web {self.ort_version}; {self.ort_bytes / 1e6:.1f} MB for "
-                f"WebAssembly); threads {self.threads or 'default'}")
+        return (f"wrote {self.path}: {PAGE}, {MODULE} (+ {LIB_DIR}/), {BUNDLE_DIR}/ ({models}), "
+                f"{ORT_DIR}/ (onnxruntime-web {self.ort_version}; {self.ort_bytes / 1e6:.1f} MB "
+                f"for WebAssembly); threads {self.threads or 'default'}")
 
 
 def external_data(model: Path) -> list[str]:
@@ -193,7 +207,9 @@ def write_site(bundle: str | Path, out: str | Path, *, precisions: Sequence[str]
               "model_bytes": sizes}
     with atomic_directory(out, force=force, source=bundle) as tmp:
         shutil.copy2(sources.page, tmp / PAGE)
-        shutil.copy2(sources.module, tmp / MODULE)
+        (tmp / LIB_DIR).mkdir()
+        for name in sources.modules:
+            shutil.copy2(sources.root / "src" / name, tmp / name)
         (tmp / BUNDLE_DIR).mkdir()
         shutil.copy2(bundle / MANIFEST_NAME, tmp / BUNDLE_DIR / MANIFEST_NAME)
         for name in sorted({f for files in models.values() for f in files}):

@@ -1,0 +1,13 @@
+// The public names that are the same on every platform; each entry (vit-deploy.mjs,
+// node.mjs, browser.mjs) exports these and binds ViT, decodeImage, bundleFile and
+// int8Warning to its platform (vit.mjs's bindPlatform).
+export {
+  BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, BundleError, ImageError, INT8_CPUS, INTERPOLATIONS,
+  isGridOutput, LOGITS, MAX_ABS_MEAN, MAX_PIXELS, MAX_SCALE, MAX_SIDE, MAX_STD, MIN_SCALE,
+  MIN_STD, OutputError, PATCH_TOKENS, RESIZE_RULES, WEB_RECORD, X86_INT8_EXACT,
+} from './common.mjs';
+export { exifOrientation, orient } from './decode.mjs';
+export { checkNormalization, exactInt8, int8Cpu, readManifest } from './manifest.mjs';
+export { Preprocess, pyRound, toRGB } from './preprocess.mjs';
+export { resize } from './resample.mjs';
+export { requireFinite, softmax, topK } from './results.mjs';

@@ -1,0 +1,167 @@
+// The manifest, read and checked as vit_deploy/runtime/manifest.py does (the parts this
+// runtime uses), the one way from a name the bundle gives to a URL, and int8 versus the CPU
+// (runtime/cpu.py in JavaScript).
+import {
+  BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, BundleError, INT8_CPUS, INTERPOLATIONS, isInt, isReal,
+  LOGITS, MAX_ABS_MEAN, MAX_SCALE, MAX_SIDE, MAX_STD, MIN_SCALE, MIN_STD, RESIZE_RULES, show,
+  X86_INT8_EXACT,
+} from './common.mjs';
+
+function need(ok, where, field, expected, got) {
+  if (!ok) throw new BundleError(`${where}: ${field} must be ${expected}, got ${show(got)}`);
+}
+
+/**
+ * An Error (what + field, expected, given) unless mean and std are `channels` (default: as
+ * many as each other) finite numbers within the bounds above, and `scale` (if given) too.
+ * The one check for the manifest and for Preprocess (options a caller passes included).
+ */
+export function checkNormalization(mean, std, { channels = null, scale, what = '' } = {}) {
+  if (channels === null && Array.isArray(mean) && Array.isArray(std) && mean.length !== std.length) {
+    throw new Error(`${what}mean and ${what}std must have as many values (one per channel), ` +
+      `got ${mean.length} and ${std.length}`);
+  }
+  let n = channels;
+  for (const [name, values, low, high] of [['mean', mean, -MAX_ABS_MEAN, MAX_ABS_MEAN],
+    ['std', std, MIN_STD, MAX_STD]]) {
+    if (!(Array.isArray(values) && values.length > 0 && (n === null || values.length === n) &&
+      values.every((v) => isReal(v) && v >= low && v <= high))) {
+      throw new Error(`${what}${name} must be ${n === null ? '' : `${n} `}finite numbers from ` +
+        `${low} to ${high}, got ${show(values)}`);
+    }
+    n = values.length;
+  }
+  if (scale !== undefined && !(isReal(scale) && scale >= MIN_SCALE && scale <= MAX_SCALE)) {
+    throw new Error(`${what}scale must be a finite number from ${MIN_SCALE} to ${MAX_SCALE}, ` +
+      `got ${show(scale)}`);
+  }
+}
+
+/** A file name a bundle gives (manifest, web.json): a relative path inside it, as Python's
+ * bundle_path; no absolute path or URL, no '..', no backslash, NUL, '?' or '#'. */
+function safeName(name) {
+  return typeof name === 'string' && name.length > 0 && name.length <= 4096 &&
+    !/[\\\0?#]/.test(name) && !name.startsWith('/') && !/^[a-z][a-z0-9+.-]*:/i.test(name) &&
+    !name.split('/').some((part) => part === '..' || /^(\.|%2e){2}$/i.test(part));
+}
+
+/**
+ * The one way from a file name the bundle gives to a URL: refused (BundleError) unless it is
+ * a relative path that stays under `base` (same origin, same directory). The platform's
+ * `insideBundle(base, url, what, name)` checks what only it can see (in Node, for file:
+ * URLs, that the real path, symlinks resolved, stays inside the bundle's real path too).
+ */
+export async function bundleFile(base, name, what = 'file', insideBundle = null) {
+  if (!safeName(name)) {
+    throw new BundleError(`${what} ${show(name)}: expected a relative path inside the bundle ` +
+      `(no absolute path or URL, no '..')`);
+  }
+  const url = new URL(name, base);
+  if (url.origin !== base.origin || !url.href.startsWith(base.href)) {
+    throw new BundleError(`${what} ${show(name)} resolves to ${url.href}, outside the bundle ${base.href}; refused`);
+  }
+  await insideBundle?.(base, url, what, name);
+  return url;
+}
+
+/**
+ * The parts of a manifest (format v1 or v2, as runtime/manifest.py writes it) this runtime
+ * reads, checked: preprocessing, input and output names, models, labels.
+ */
+export function readManifest(m, where = 'manifest') {
+  need(m !== null && typeof m === 'object' && !Array.isArray(m), where, 'the manifest',
+    'a JSON object', m);
+  need(m.format === BUNDLE_FORMAT && isInt(m.format_version, 1) &&
+    m.format_version <= BUNDLE_FORMAT_VERSION, where, 'format',
+    `${show(BUNDLE_FORMAT)} up to v${BUNDLE_FORMAT_VERSION}`, `${m.format} v${m.format_version}`);
+  const io = m.io ?? {};
+  const P = io.patch_size;
+  need(isInt(P, 1), where, 'io.patch_size', 'a positive integer', P);
+  need(Array.isArray(io.inputs) && io.inputs.length > 0 && typeof io.inputs[0]?.name === 'string',
+    where, 'io.inputs', 'a non-empty list of {name, shape, dtype}', io.inputs);
+  need(Array.isArray(io.outputs) && io.outputs.length > 0 &&
+    io.outputs.every((o) => typeof o?.name === 'string'), where, 'io.outputs',
+  'a non-empty list of {name, shape, dtype}', io.outputs);
+  const pre = m.preprocess ?? {};
+  const res = pre.resolution;
+  need(Array.isArray(res) && res.length === 2 && res.every((v) => isInt(v, P) && v % P === 0 &&
+    v <= MAX_SIDE), where, 'preprocess.resolution',
+  `[height, width], multiples of the patch size ${P} up to ${MAX_SIDE}`, res);
+  const resize = pre.resize ?? 'shorter_side_center_crop';
+  const interpolation = pre.interpolation ?? 'bicubic';
+  const scale = pre.scale === undefined ? 1 / 255 : pre.scale;
+  try { // the bounds every source of these numbers meets (as Python's manifest)
+    checkNormalization(pre.mean, pre.std, { channels: 3, scale, what: 'preprocess.' });
+  } catch (e) {
+    throw new BundleError(`${where}: ${e.message}`);
+  }
+  need(RESIZE_RULES.includes(resize), where, 'preprocess.resize', `one of ${show(RESIZE_RULES)}`,
+    resize);
+  need(INTERPOLATIONS.includes(interpolation), where, 'preprocess.interpolation',
+    `one of ${show(INTERPOLATIONS)}`, interpolation);
+  const models = m.models ?? {};
+  need(typeof models === 'object' && typeof models.fp32 === 'string', where, 'models',
+    'an object with an fp32 model', models);
+  const files = m.files ?? {};
+  for (const [precision, file] of Object.entries(models)) {
+    need(safeName(file) && Object.hasOwn(files, file), where, `models[${show(precision)}]`,
+      'a relative path inside the bundle listed under files', file);
+  }
+  // one label per class: the logits' last dimension (the classes of the config without it)
+  const logits = io.outputs.find((o) => o.name === LOGITS);
+  const classes = logits ? logits.shape?.at(-1) : (m.config?.num_classes || null);
+  need(m.labels == null || (Array.isArray(m.labels) && m.labels.length === classes &&
+    m.labels.every((x) => typeof x === 'string')), where, 'labels',
+  `null or ${classes} strings (one per output of the model)`, m.labels);
+  return {
+    name: m.config?.name ?? 'ViT',
+    patchSize: P,
+    dynamic: io.dynamic !== false,
+    input: io.inputs[0].name,
+    outputs: io.outputs.map((o) => o.name),
+    models: { ...models },
+    int8Cpu: Object.fromEntries(Object.keys(models).map((p) => [p, int8Cpu(m, p)])),
+    labels: m.labels ?? null,
+    preprocess: {
+      resolution: [res[0], res[1]], patchSize: P, mean: [...pre.mean], std: [...pre.std],
+      resize, interpolation, scale,
+    },
+  };
+}
+
+// -- int8 and the CPU: runtime/cpu.py in JavaScript ---------------------------------------
+/** The CPUs a precision's int8 file is exact on ('any', 'vnni'), or null when it is not
+ * int8: as Python's Manifest.int8_cpu. */
+export function int8Cpu(m, precision) {
+  const recipe = m.precisions?.[precision]?.recipe;
+  if (!recipe || !['dynamic', 'static QDQ'].includes(recipe.kind)) return null;
+  if (INT8_CPUS.includes(recipe.cpu)) return recipe.cpu;
+  return recipe.cpu == null && recipe.reduce_range === true ? 'any' : 'vnni';
+}
+
+/** Whether an x86 CPU with these /proc/cpuinfo flags runs 8-bit int8 weights exactly. */
+export function exactInt8(arch, flags) {
+  if (arch === 'arm64') return true;
+  if (arch !== 'x64' || flags == null) return null;
+  return X86_INT8_EXACT.some((f) => flags.includes(f)) || !flags.includes('avx2');
+}
+
+/**
+ * A warning for running an int8 file that needs `need` here (onnxruntime-node's CPU kernels
+ * are Python's); null when exact or not int8. WebAssembly's kernels widen to 32 bits before
+ * they add. `facts` ({ node, arch, flags }) override what the platform's `host` says
+ * ({ node, arch, cpuFlags: async () => flags or null }); flags are read only when needed.
+ */
+export async function int8Warning(need, facts = {}, host = {}) {
+  const node = facts.node ?? host.node ?? false;
+  if (need !== 'vnni' || !node) return null;
+  const arch = facts.arch ?? host.arch;
+  const flags = facts.flags === undefined ? (await host.cpuFlags?.()) ?? null : facts.flags;
+  const ok = exactInt8(arch, flags);
+  if (ok) return null;
+  return ok === false
+    ? 'this int8 file has 8-bit weights, which this CPU (x86 with AVX2, no VNNI / AMX) ' +
+      'saturates: expect wrong outputs (re-quantise with --int8-cpu any)'
+    : 'this int8 file has 8-bit weights, exact on x86 with VNNI / AMX or ARM64; cannot tell ' +
+      'whether this CPU has them';
+}

@@ -1,0 +1,132 @@
+// Node: what only Node does, behind the interface both platform modules share (see vit.mjs's
+// ViT.load). Files on disk (file: URLs and paths, symlinks resolved), PNG and JPEG decoding
+// with pngjs and jpeg-js, onnxruntime-node's CPU provider, /proc/cpuinfo for int8.
+import { readFile, realpath } from 'node:fs/promises';
+import path from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+
+import { BundleError, ImageError, MAX_PIXELS, show } from './common.mjs';
+import { checkPixels, exifOrientation, orient } from './decode.mjs';
+import { fetchBytes, fetchText } from './fetch.mjs';
+
+/** What runs the model (info.backend). */
+export const runtime = 'onnxruntime-node';
+
+/** A bundle given as a path (not a URL): resolved against the working directory. */
+export const baseURL = (text) => pathToFileURL(path.resolve(text) + path.sep);
+
+/** For file: URLs, the real path (symlinks resolved) must stay inside the bundle's. */
+export async function insideBundle(base, url, what, name) {
+  if (url.protocol !== 'file:') return;
+  let root;
+  let real;
+  try {
+    root = await realpath(fileURLToPath(base));
+    real = await realpath(fileURLToPath(url));
+  } catch (e) {
+    throw new BundleError(`${what} ${show(name)} could not be read from the bundle (${e.code ?? e.message})`);
+  }
+  if (!real.startsWith(root + path.sep)) {
+    throw new BundleError(`${what} ${show(name)} resolves to ${real}, outside the bundle ${root} ` +
+      `(a symlink leaving it?); refused`);
+  }
+}
+
+/** The text of a file of the bundle (from disk for file: URLs); null when `optional` and
+ * it is not there. */
+export async function readText(url, what, { optional = false } = {}) {
+  if (url.protocol !== 'file:') return fetchText(url, what, { optional });
+  try {
+    return await readFile(url, 'utf8');
+  } catch (e) {
+    if (optional && e.code === 'ENOENT') return null;
+    throw new BundleError(`${what} ${url.pathname} could not be read (${e.code ?? e.message})`);
+  }
+}
+
+/** PNG or JPEG bytes, or a path to them -> RGBA pixels, EXIF orientation applied. */
+export async function decode(src) {
+  let bytes = src;
+  let what = 'image bytes';
+  if (typeof src === 'string' || src instanceof URL) {
+    what = `image ${JSON.stringify(String(src))}`;
+    try {
+      bytes = await readFile(src);
+    } catch (e) {
+      throw new ImageError(`${what} could not be read (${e.code ?? e.name}: ${e.message})`);
+    }
+  } else if (src instanceof ArrayBuffer) {
+    bytes = new Uint8Array(src);
+  }
+  if (!ArrayBuffer.isView(bytes)) {
+    throw new ImageError('expected PNG or JPEG bytes, a path, or pixels { data, width, height }, ' +
+      `got ${src?.constructor?.name ?? typeof src}`);
+  }
+  bytes = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  if (bytes.length === 0) throw new ImageError(`${what} is empty (0 bytes)`);
+  const png = bytes.length >= 24 && bytes.readUInt32BE(0) === 0x89504e47;
+  const jpeg = bytes.length >= 3 && bytes[0] === 0xff && bytes[1] === 0xd8;
+  if (!png && !jpeg) throw new ImageError(`${what} is not a PNG or JPEG (in Node this module decodes those two)`);
+  try {
+    if (png) {
+      checkPixels(bytes.readUInt32BE(16), bytes.readUInt32BE(20), what); // IHDR, before decoding
+      const { PNG } = (await import('pngjs')).default;
+      const { data, width, height } = PNG.sync.read(bytes);
+      return { data, width, height, channels: 4 };
+    }
+    const jpegjs = (await import('jpeg-js')).default;
+    const image = jpegjs.decode(bytes, { useTArray: true, formatAsRGBA: true,
+      maxResolutionInMP: MAX_PIXELS / 1e6, maxMemoryUsageInMB: 2048 });
+    checkPixels(image.width, image.height, what);
+    return orient({ ...image, channels: 4 }, exifOrientation(bytes));
+  } catch (e) {
+    if (e instanceof ImageError) throw e;
+    throw new ImageError(`${what} could not be decoded (${e?.name}: ${e?.message})`);
+  }
+}
+
+/** onnxruntime-node, whose one backend is the CPU (`ortBase` is the browser's). */
+export async function loadOrt(backend) {
+  if (backend !== 'auto' && backend !== 'cpu') {
+    throw new Error(`in Node the backend is onnxruntime-node's cpu; got ${show(backend)}`);
+  }
+  try {
+    return { ort: await import('onnxruntime-node'), backend: 'cpu' };
+  } catch (e) {
+    throw new Error(`onnxruntime-node is not installed here (${e.message}); run npm ci in web/`);
+  }
+}
+
+/** The model for InferenceSession.create and the options only Node sets: a file: model by
+ * its path (onnxruntime-node finds external data beside it), else its bytes and its
+ * external data's. */
+export async function sessionInputs({ threads, modelURL, external, base }) {
+  const options = { executionProviders: ['cpu'] };
+  if (threads) options.intraOpNumThreads = threads;
+  if (modelURL.protocol === 'file:') return { model: fileURLToPath(modelURL), options, downloaded: 0 };
+  const model = await fetchBytes(modelURL, 'model');
+  let downloaded = model.byteLength;
+  if (external.length) {
+    options.externalData = await Promise.all(external.map(async (name) => {
+      const data = await fetchBytes(new URL(name, base), 'external data');
+      downloaded += data.byteLength;
+      return { path: name, data };
+    }));
+  }
+  return { model, options, downloaded };
+}
+
+/** Threads as info reports them: onnxruntime-node runs what it was asked for. */
+export const threadInfo = ({ threads }) => ({ threads, threadFallback: null, crossOriginIsolated: null });
+
+async function cpuFlags() {
+  if (process.platform !== 'linux') return null;
+  try {
+    const text = await readFile('/proc/cpuinfo', 'utf8');
+    const line = text.split('\n').find((l) => /^(flags|Features)\s*:/.test(l));
+    return line ? line.split(':')[1].trim().split(/\s+/) : null;
+  } catch { return null; }
+}
+
+/** The CPU onnxruntime-node's int8 kernels run on (manifest.mjs's int8Warning). */
+export const cpu = { node: true, arch: process.arch, cpuFlags };

@@ -1,0 +1,249 @@
+// The ViT class: a bundle loaded for inference, on whichever platform a subclass names
+// (bindPlatform, below: what each entry exports). Nothing here knows which platform it is.
+import { BundleError, isGridOutput, isInt, LOGITS, PATCH_TOKENS, show, WEB_RECORD } from './common.mjs';
+import { decodeImage } from './decode.mjs';
+import { bundleFile, int8Warning, readManifest } from './manifest.mjs';
+import { Preprocess } from './preprocess.mjs';
+import { labelsMismatch, requireFinite, topK } from './results.mjs';
+
+function parseJSON(text, what) {
+  try {
+    return JSON.parse(text);
+  } catch (e) {
+    throw new BundleError(`${what} is not valid JSON: ${e.message}`);
+  }
+}
+
+async function readJSON(platform, url, what, { optional = false } = {}) {
+  const text = await platform.readText(url, what, { optional });
+  if (text === null) return null;
+  return parseJSON(text, `${what} ${url.protocol === 'file:' ? url.pathname : url}`);
+}
+
+function bundleURL(source, platform) {
+  if (source instanceof URL) return source.href.endsWith('/') ? source : new URL(`${source.href}/`);
+  const text = String(source);
+  const withSlash = text.endsWith('/') ? text : `${text}/`;
+  if (/^[a-z][a-z0-9+.-]*:/i.test(text) && !/^[a-z]:[\\/]/i.test(text)) return new URL(withSlash);
+  return platform.baseURL(withSlash);
+}
+
+/** A bundle loaded for inference; `ViT.load(url)` makes one. */
+export class ViT {
+  /** The platform module (platform-node.mjs or platform-browser.mjs): set by bindPlatform. */
+  static platform = null;
+
+  constructor(fields) { Object.assign(this, fields); }
+
+  /**
+   * Load the bundle at `source` (a URL of its directory; in Node also a path).
+   * options: precision ('fp32'), threads (default: ORT's, or what `vit-deploy web
+   * --threads` wrote), backend ('auto' | 'webgpu' | 'wasm'; Node: 'cpu'), ortBase (URL of
+   * the onnxruntime-web files; default ./ort/ beside the entry module), externalData
+   * ([file names] beside the model; default: what `vit-deploy web` recorded).
+   */
+  static async load(source, options = {}) {
+    const { platform } = this;
+    if (!platform) throw new Error('ViT has no platform: import it from vit-deploy.mjs, node.mjs or browser.mjs');
+    const { precision = 'fp32', backend = 'auto' } = options;
+    const base = bundleURL(source, platform);
+    const t0 = performance.now();
+    const manifest = readManifest(await readJSON(platform, new URL('manifest.json', base), 'manifest'),
+      `manifest ${new URL('manifest.json', base).href}`);
+    const web = await readJSON(platform, new URL(WEB_RECORD, base), 'web record', { optional: true }) ?? {};
+    const file = manifest.models[precision];
+    if (typeof file !== 'string') {
+      throw new BundleError(`bundle has no ${show(precision)} model; it has ${show(Object.keys(manifest.models).sort())}`);
+    }
+    const threads = options.threads ?? web.threads ?? null;
+    if (threads !== null && !isInt(threads, 1)) throw new Error(`threads must be a positive integer, got ${show(threads)}`);
+    const ortBase = options.ortBase ? new URL(options.ortBase, globalThis.location?.href) : new URL('../ort/', import.meta.url);
+    const { ort, backend: chosen, noGpuReason } = await platform.loadOrt(backend, ortBase);
+    // names from the bundle (manifest, web.json) go through bundleFile: never outside it
+    const external = options.externalData ?? await Promise.all(
+      (web.external_data?.[precision] ?? []).map(async (name) => {
+        await bundleFile(base, name, 'external data', platform.insideBundle);
+        return name;
+      }));
+    const modelURL = await bundleFile(base, file, `models[${show(precision)}]`, platform.insideBundle);
+    const inputs = await platform.sessionInputs({ ort, backend: chosen, threads, modelURL, external, base });
+    let { model } = inputs;
+    const sessionOptions = { graphOptimizationLevel: 'all', ...inputs.options };
+    const tFetched = performance.now();
+    let session;
+    let fallback = chosen === 'webgpu' ? null : noGpuReason ?? null;
+    let ranOn = chosen;
+    try {
+      session = await ort.InferenceSession.create(model, sessionOptions);
+    } catch (e) {
+      if (chosen !== 'webgpu' || backend === 'webgpu') throw new BundleError(`${modelURL.href}: ONNX Runtime could not create a session (${e.message})`);
+      fallback = `WebGPU session failed (${e.message}); running on WebAssembly`;
+      ranOn = 'wasm';
+      session = await ort.InferenceSession.create(model, { ...sessionOptions, executionProviders: ['wasm'] });
+    }
+    model = null; // drop our copy: the session holds the weights now
+    // the labels against the logits' real width (the graph's, where it fixes it; else
+    // classify() checks each result), not the manifest's claim
+    const width = session.outputMetadata?.find?.((o) => o.name === LOGITS)?.shape?.at(-1);
+    if (manifest.labels && typeof width === 'number' && width !== manifest.labels.length) {
+      await session.release?.();
+      throw new BundleError(labelsMismatch(manifest.labels.length, width, LOGITS, modelURL.href));
+    }
+    const cpuWarning = await int8Warning(manifest.int8Cpu[precision], {}, platform.cpu);
+    if (cpuWarning) console.warn(`vit-deploy: ${cpuWarning}`);
+    const { threads: activeThreads, threadFallback, crossOriginIsolated } = platform.threadInfo(
+      { ort, provider: ranOn, threads });
+    const info = {
+      backend: platform.runtime,
+      cpuWarning,
+      provider: ranOn, // cpu (Node), wasm or webgpu
+      precision,
+      threadsRequested: threads,
+      threads: activeThreads,
+      threadFallback,
+      fallback,
+      crossOriginIsolated,
+      ortVersion: ort.env.versions?.common ?? null,
+      modelBytes: inputs.downloaded || null,
+      downloadMs: tFetched - t0,
+      sessionMs: performance.now() - tFetched,
+    };
+    return new this({ ort, session, manifest, info, precision, url: base.href,
+      preprocess: Preprocess.fromManifest(manifest) });
+  }
+
+  get labels() { return this.manifest.labels; }
+
+  /** The model's output names, in order (the ONNX session's; the manifest's io.outputs). */
+  get outputNames() { return [...(this.session?.outputNames ?? this.manifest.outputs)]; }
+
+  /**
+   * Raw logits for normalised pixels: `data` Float32Array of `dims` [B, 3, H, W]. As
+   * Python's ViTSession.run: the `logits` output by name, or the first output of a bundle
+   * without one (a backbone's `pooled`); `runAll` gives every output.
+   */
+  async run(data, dims) {
+    const names = this.outputNames;
+    const name = names.includes(LOGITS) ? LOGITS : names[0];
+    return (await this.runAll(data, dims, [name]))[name].data;
+  }
+
+  /**
+   * Outputs for normalised pixels (as `run`): { name: { data: Float32Array, dims } }, every
+   * output or those named in `only`.
+   */
+  async runAll(data, dims, only = null) {
+    if (!(data instanceof Float32Array)) throw new Error(`run() takes a Float32Array, got ${data?.constructor?.name}`);
+    if (!Array.isArray(dims) || dims.length !== 4 || dims[1] !== 3 || !dims.every((d) => isInt(d, 1)) ||
+      dims.reduce((a, b) => a * b, 1) !== data.length) {
+      throw new Error(`run() takes dims [batch, 3, height, width] matching data's ${data.length} values, got ${show(dims)}`);
+    }
+    const [, , h, w] = dims;
+    const P = this.manifest.patchSize;
+    if (h % P || w % P) throw new Error(`height and width must be multiples of the patch size ${P}, got ${h}x${w}`);
+    if (!this.manifest.dynamic && (h !== this.manifest.preprocess.resolution[0] || w !== this.manifest.preprocess.resolution[1])) {
+      throw new Error(`this bundle is static at ${this.manifest.preprocess.resolution.join('x')}, cannot run ${h}x${w}`);
+    }
+    const names = only ?? this.outputNames;
+    for (const name of names) this.#requireOutput(name);
+    const input = new this.ort.Tensor('float32', data, dims);
+    const outputs = await this.session.run({ [this.manifest.input]: input }, names);
+    const result = {};
+    for (const name of names) {
+      const out = outputs[name];
+      result[name] = { data: out.data instanceof Float32Array ? out.data : Float32Array.from(out.data),
+        dims: Array.from(out.dims, Number) };
+    }
+    for (const t of Object.values(outputs)) t.dispose?.();
+    for (const [name, out] of Object.entries(result)) { // every output is batch-first
+      if (out.dims.length === 0 || out.dims[0] !== dims[0]) {
+        throw new BundleError(`${this.url}: output ${show(name)} has dims ${show(out.dims)} for a batch of ` +
+          `${dims[0]} image(s); expected ${dims[0]} row(s) (the graph does not keep the batch)`);
+      }
+    }
+    return result;
+  }
+
+  #requireOutput(name, how = null) {
+    const names = this.outputNames;
+    if (names.includes(name)) return;
+    const hint = how ? `; export with ${how}` : '';
+    throw new BundleError(`${this.url} has no ${show(name)} output (outputs: ${show(names)})${hint}`);
+  }
+
+  /** The model input for an image: { data, dims } (see Preprocess.tensor). */
+  async pixels(image, overrides = {}) {
+    const pre = Object.keys(overrides).length ? Preprocess.fromManifest(this.manifest, overrides) : this.preprocess;
+    return pre.tensor(await decodeImage(image, this.constructor.platform));
+  }
+
+  /**
+   * Classify one image: { top: [{ index, label, probability }], logits, inputSize: [H, W],
+   * ms: { decode, preprocess, run }, provider }. Needs the bundle's `logits` output.
+   */
+  async classify(image, { topK: k = 5, ...overrides } = {}) {
+    if (!this.outputNames.includes(LOGITS)) {
+      throw new BundleError(`${this.url} has no ${show(LOGITS)} output to classify with (outputs: ` +
+        `${show(this.outputNames)}): a backbone without a classifier; use features() or runAll()`);
+    }
+    const t0 = performance.now();
+    const decoded = await decodeImage(image, this.constructor.platform);
+    const t1 = performance.now();
+    const pre = Object.keys(overrides).length ? Preprocess.fromManifest(this.manifest, overrides) : this.preprocess;
+    const { data, dims } = pre.tensor(decoded);
+    const t2 = performance.now();
+    const logits = requireFinite((await this.runAll(data, dims, [LOGITS]))[LOGITS].data, LOGITS);
+    const t3 = performance.now();
+    if (this.labels && logits.length !== this.labels.length) {
+      throw new BundleError(labelsMismatch(this.labels.length, logits.length, LOGITS, this.url));
+    }
+    return { top: topK(logits, k, this.labels), logits, inputSize: [dims[2], dims[3]],
+      ms: { decode: t1 - t0, preprocess: t2 - t1, run: t3 - t2 }, provider: this.info.provider };
+  }
+
+  /**
+   * Dense features of one image, as Python's ViTSession.features: the grid output `output`
+   * (patch_tokens, or layer_N) -> { data: Float32Array, dims: [1, D, gh, gw], output,
+   * inputSize: [H, W], ms: { decode, preprocess, run }, provider }. The image is resized
+   * with the rule patch_multiple whatever the manifest says (the shorter side to the
+   * deploy resolution's shorter side, both sides patch multiples, aspect ratio kept, no
+   * crop); other preprocessing overrides (resolution, interpolation, resize) as classify's.
+   */
+  async features(image, { output = PATCH_TOKENS, ...overrides } = {}) {
+    if (typeof output !== 'string') throw new Error(`output must be an output name, got ${show(output)}`);
+    if (!isGridOutput(output)) {
+      const grid = this.outputNames.filter(isGridOutput);
+      throw new Error(`output ${show(output)} is not laid out on the patch grid; features() takes ` +
+        `one that is (patch_tokens or layer_N): this bundle has ${grid.length ? show(grid) : 'none'} ` +
+        `(outputs: ${show(this.outputNames)})`);
+    }
+    this.#requireOutput(output, output === PATCH_TOKENS ? `--outputs ${PATCH_TOKENS}`
+      : `--layers ${output.slice('layer_'.length)}`);
+    const t0 = performance.now();
+    const decoded = await decodeImage(image, this.constructor.platform);
+    const t1 = performance.now();
+    const pre = Preprocess.fromManifest(this.manifest, { ...overrides,
+      resize: overrides.resize ?? 'patch_multiple' });
+    const { data, dims } = pre.tensor(decoded);
+    const t2 = performance.now();
+    const out = (await this.runAll(data, dims, [output]))[output];
+    requireFinite(out.data, output);
+    const t3 = performance.now();
+    return { data: out.data, dims: out.dims, output, inputSize: [dims[2], dims[3]],
+      ms: { decode: t1 - t0, preprocess: t2 - t1, run: t3 - t2 }, provider: this.info.provider };
+  }
+
+  async release() { await this.session?.release?.(); this.session = null; }
+}
+
+/** The public names whose work depends on the platform, bound to `platform` (a platform
+ * module's namespace): what an entry exports beside api.mjs. */
+export function bindPlatform(platform) {
+  const Base = ViT;
+  return {
+    ViT: class ViT extends Base { static platform = platform; },
+    decodeImage: (src) => decodeImage(src, platform),
+    bundleFile: (base, name, what) => bundleFile(base, name, what, platform.insideBundle),
+    int8Warning: (need, facts) => int8Warning(need, facts, platform.cpu),
+  };
+}
