@@ -103,3 +103,89 @@ def test_report_says_how_many_cores_the_threads_got(tiny_bundle):
     fed = BenchReport(report.bundle, report.environment | {"thread_scaling": {
         "threads": 2, "before": 1.9, "after": 1.95}}, report.options, report.cases)
     assert not any("cores' worth" in n for n in status_notes(fed))
+
+
+# -- saved reports: BenchReport.from_json, and --compare over several machines ------------
+@pytest.fixture(scope="module")
+def saved_report(tiny_bundle, tmp_path_factory):
+    _, result = tiny_bundle
+    path = tmp_path_factory.mktemp("reports") / "here.json"
+    r = CliRunner().invoke(main, ["bench", str(result.path), "--res", "16,24x32", "--runs", "3",
+                                  "--warmup", "0", "--sessions", "1", "--json", str(path),
+                                  "--budget-ms", "10000"])
+    assert r.exit_code == 0, r.output
+    return path
+
+
+def test_a_saved_report_reads_back_typed_and_unchanged(saved_report):
+    from vit_deploy.bench import BenchReport
+
+    data = json.loads(saved_report.read_text())
+    report = BenchReport.from_json(saved_report.read_text())
+    assert report.to_dict() == data  # budget included
+    assert report.budget_ms == 10000 and report.cases[1].resolution == (24, 32)
+    assert report.cases[0].stats()["p90_ms"] == data["cases"][0]["p90_ms"]
+
+
+def _machine(data: dict, cpu: str, provider: str, scale: float) -> dict:
+    """The same cases as measured on another machine: its CPU, its provider, its speed."""
+    data = json.loads(json.dumps(data))
+    data["environment"] |= {"cpu": cpu, "gpu": "NVIDIA H200" if provider == "cuda" else None}
+    for c in data["cases"]:
+        c["provider"] = provider
+        c["p50_ms"], c["p90_ms"] = c["p50_ms"] * scale, c["p90_ms"] * scale
+    return data
+
+
+@pytest.mark.parametrize("form", ["variadic", "repeated"])
+def test_compare_lays_three_machines_side_by_side(saved_report, tmp_path, form):
+    data = json.loads(saved_report.read_text())
+    paths = [tmp_path / "xeon.json", tmp_path / "epyc.json", tmp_path / "h200.json"]
+    machines = [("Intel Xeon Platinum 8480", "cpu", 1.0), ("AMD EPYC 9654", "cpu", 2.0),
+                ("AMD EPYC 7B13", "cuda", 0.5)]
+    for path, (cpu, provider, scale) in zip(paths, machines):
+        path.write_text(json.dumps(_machine(data, cpu, provider, scale)))
+    args = ([str(p) for p in paths] if form == "variadic"
+            else ["--compare", str(paths[0]), str(paths[1]), "--compare", str(paths[2])])
+    r = CliRunner().invoke(main, ["bench", "--compare", *args])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    for path, (cpu, _, _) in zip(paths, machines):
+        assert f"{path.stem}: {cpu}" in text  # each report says where it ran
+    assert "NVIDIA H200" in text  # the GPU heads its column
+    for case in data["cases"]:  # one row per case, p50 / p90 (ran on) per report
+        res = "x".join(map(str, case["resolution"]))
+        row = next(line for line in r.output.splitlines() if f" {res} " in line)
+        cells = [f"{case['p50_ms'] * s:.2f} / {case['p90_ms'] * s:.2f} ({p})"
+                 for _, p, s in machines]
+        assert all(cell in row for cell in cells), (row, cells)
+        assert row.index(cells[0]) < row.index(cells[1]) < row.index(cells[2])
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, "cannot read bench report"),
+    ("not json", "not JSON"),
+    ("[]", "the file must be a JSON object"),
+    ('{"cases": {}}', "'cases' must be a list"),
+    ('{"cases": [{"provider": "cpu", "requested": "cpu", "precision": "fp32", "status": "ok", '
+     '"resolution": [16], "batch": 1, "threads": null}]}',
+     "case 1 'resolution' must be [height, width]"),
+    ('{"cases": [{"provider": "cpu", "requested": "cpu", "precision": "fp32", "status": "ok", '
+     '"resolution": [16, 16], "batch": 1, "threads": null, "p50_ms": "fast"}]}',
+     "case 1 'p50_ms' must be a number or null"),
+], ids=["missing", "not-json", "array", "cases", "resolution", "p50"])
+def test_compare_refuses_what_is_not_a_report(saved_report, tmp_path, content, message):
+    bad = tmp_path / "bad.json"
+    if content is not None:
+        bad.write_text(content)
+    r = CliRunner().invoke(main, ["bench", "--compare", str(saved_report), str(bad)])
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert "bad.json" in r.output and message in " ".join(r.output.split()), r.output
+
+
+def test_bench_wants_one_bundle_or_compare(saved_report, tiny_bundle):
+    _, result = tiny_bundle
+    r = CliRunner().invoke(main, ["bench", str(result.path), str(saved_report)])
+    assert r.exit_code == 2 and "add --compare" in r.output
+    r = CliRunner().invoke(main, ["bench", "--compare"])
+    assert r.exit_code == 2 and "--compare needs the saved reports" in r.output

@@ -82,3 +82,66 @@ def test_json_output_is_strict_json_even_when_a_number_is_nan(tiny_bundle, tmp_p
     assert r.exit_code == 1, r.output
     data = json.loads(report.read_text(), parse_constant=lambda c: pytest.fail(c))
     assert data["passed"] is False and data["cases"][0]["max_abs"] is None
+
+
+# -- one base class: the exit code is the error class's, not a list of names in the CLI ----
+def _error_classes():
+    from vit_deploy.atomic import ClobberError
+    from vit_deploy.bench import ReportError
+    from vit_deploy.export.checkpoints import CheckpointError
+    from vit_deploy.export.onnx import ExportError
+    from vit_deploy.parity import ParityError
+    from vit_deploy.quantize import QuantizeError
+    from vit_deploy.reports import MissingExtraError
+    from vit_deploy.runtime.manifest import BundleError
+    from vit_deploy.runtime.preprocess import ImageError
+    from vit_deploy.runtime.providers import ProviderError
+    from vit_deploy.runtime.session import InputError, OutputError
+    from vit_deploy.runtime.sizes import MemoryEstimateError
+    from vit_deploy.runtime.swap import BusyError, OutputExistsError
+
+    return {  # class: (exit code, the built-in class it still is)
+        BundleError: (2, ValueError), ImageError: (2, ValueError), InputError: (2, ValueError),
+        OutputError: (2, ValueError), MemoryEstimateError: (2, ValueError),
+        CheckpointError: (2, ValueError), ReportError: (2, ValueError),
+        OutputExistsError: (2, FileExistsError), ClobberError: (2, FileExistsError),
+        MissingExtraError: (2, ImportError), ProviderError: (1, RuntimeError),
+        BusyError: (1, RuntimeError), QuantizeError: (1, RuntimeError),
+        ExportError: (1, RuntimeError), ParityError: (1, RuntimeError),
+    }
+
+
+def test_every_error_of_ours_derives_from_one_base_with_its_exit_code():
+    from vit_deploy.runtime.errors import VitDeployError
+
+    for cls, (code, builtin) in _error_classes().items():
+        assert issubclass(cls, VitDeployError) and issubclass(cls, builtin), cls
+        assert cls.exit_code == code, cls
+
+
+@pytest.mark.parametrize("code", [1, 2, 3])
+def test_the_cli_exits_with_the_errors_exit_code(monkeypatch, code):
+    """A new error class needs no change in the CLI: its exit_code is what the CLI uses."""
+    import vit_deploy.runtime.providers as providers
+    from vit_deploy.runtime.errors import VitDeployError
+
+    class NewError(VitDeployError, RuntimeError):
+        exit_code = code
+
+    def probe_all():
+        raise NewError("the probe broke\nsecond line")
+
+    monkeypatch.setattr(providers, "probe_all", probe_all)
+    r = run("providers")
+    assert r.exit_code == code and r.output.strip() == "Error: the probe broke", r.output
+
+
+def test_cli_error_mapping_names_no_classes():
+    """cli/group.py maps errors by `exit_code`, not by matching class names as strings."""
+    from pathlib import Path
+
+    import vit_deploy.cli.group as group
+
+    source = Path(group.__file__).read_text()
+    for cls in _error_classes():
+        assert cls.__name__ not in source, cls.__name__

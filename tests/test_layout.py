@@ -196,21 +196,3 @@ def test_the_runtime_imports_only_itself():
     assert {m: e for m, e in outside.items() if e} == {}
 
 
-def test_the_help_imports_neither_torch_nor_the_server():
-    """`vit-deploy --help` loads the commands' options only: the server (FastAPI, uvicorn,
-    vit_deploy.serve) is imported by `serve` when it runs."""
-    code = textwrap.dedent("""
-        import json, sys
-        from click.testing import CliRunner
-        from vit_deploy.cli import main
-        result = CliRunner().invoke(main, ["--help"])
-        heavy = sorted(m for m in sys.modules if m.split(".")[0] in
-                       ("torch", "fastapi", "starlette", "uvicorn", "prometheus_client")
-                       or m.startswith("vit_deploy.serve"))
-        print(json.dumps({"code": result.exit_code, "heavy": heavy}))
-    """)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=False)
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report == {"code": 0, "heavy": []}

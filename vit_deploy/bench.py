@@ -22,12 +22,20 @@ from typing import Any
 
 import numpy as np
 
+from vit_deploy.runtime.errors import BAD_INPUT, VitDeployError
 from vit_deploy.runtime.manifest import dumps_strict, load_manifest
 from vit_deploy.runtime.providers import CPU, parse_providers, short_name
 from vit_deploy.runtime.session import RuntimeOptions, ViTSession
-from vit_deploy.runtime.sizes import guard_memory
+from vit_deploy.runtime.sizes import format_resolution, guard_memory
 
 TORCH = "torch"  # the baseline's provider label
+STATS = ("p50_ms", "p90_ms", "p99_ms", "mean_ms", "min_ms", "max_ms", "runs", "images_per_s")
+
+
+class ReportError(VitDeployError, ValueError):
+    """A saved bench report that cannot be read: says which file, which field and why."""
+
+    exit_code = BAD_INPUT
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,11 +85,13 @@ class CaseResult:
     status: str = "ok"  # ok | unavailable: <why>
     ratio_to_torch: float | None = None
     graph: str = "dynamic"  # or "bucket:<target>": the target's static graph at this size
+    # The statistics of a report read back (BenchReport.from_json): latencies are not saved.
+    saved_stats: dict[str, float] = field(repr=False, default_factory=dict)
 
     def stats(self) -> dict[str, float]:
         a = np.asarray(self.latencies_ms)
         if not a.size:
-            return {}
+            return dict(self.saved_stats)
         p50 = float(np.percentile(a, 50))
         return {"p50_ms": p50, "p90_ms": float(np.percentile(a, 90)),
                 "p99_ms": float(np.percentile(a, 99)), "mean_ms": float(a.mean()),
@@ -91,6 +101,7 @@ class CaseResult:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("latencies_ms")
+        d.pop("saved_stats")
         d["resolution"] = list(self.resolution)
         return d | self.stats()
 
@@ -101,13 +112,40 @@ class BenchReport:
     environment: dict[str, Any]
     options: dict[str, Any]
     cases: list[CaseResult]
+    # --budget-ms: the largest resolution within it per provider and precision is said
+    # below the table and saved as "budget" (within_budget)
+    budget_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"bundle": self.bundle, "environment": self.environment, "options": self.options,
-                "cases": [c.to_dict() for c in self.cases]}
+        d = {"bundle": self.bundle, "environment": self.environment, "options": self.options,
+             "cases": [c.to_dict() for c in self.cases]}
+        if self.budget_ms is not None:
+            d["budget"] = within_budget(self, self.budget_ms)
+        return d
 
     def to_json(self) -> str:
         return dumps_strict(self.to_dict())
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, source: str = "report") -> BenchReport:
+        """A report saved with `bench --json`, every field checked (ReportError names the
+        file, the case and the field). Latencies are not saved: `stats()` gives the saved
+        percentiles."""
+        try:
+            data = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ReportError(f"{source} is not a vit-deploy bench report (saved with "
+                              f"--json): not JSON ({e})") from None
+        return _report_from_dict(data, source)
+
+    @classmethod
+    def load(cls, path: str | Path) -> BenchReport:
+        try:
+            text = Path(path).read_bytes()
+        except OSError as e:
+            raise ReportError(f"cannot read bench report {str(path)!r}: "
+                              f"{e.strerror or e}") from None
+        return cls.from_json(text, source=repr(str(path)))
 
     def __rich__(self) -> Any:
         from rich.console import Group
@@ -123,7 +161,11 @@ class BenchReport:
             f"; GPU: {env.get('gpu') or 'none'}; onnxruntime {env.get('onnxruntime')}, torch "
             f"{env.get('torch')}; {self.options.get('sessions')} session(s) per case, "
             f"interleaved; ORT spinning {spinning}{_probe_text(env)}", table,
-            *status_notes(self))
+            *status_notes(self),
+            *(budget_lines(self, self.budget_ms) if self.budget_ms is not None else ()))
+
+    def plot(self, path: str | Path) -> Path:
+        return plot(self, path)
 
     def to_csv(self) -> str:
         rows = [c.to_dict() for c in self.cases]
@@ -410,6 +452,17 @@ def within_budget(report: BenchReport, budget_ms: float) -> list[dict[str, Any]]
     return out
 
 
+def budget_lines(report: BenchReport, budget_ms: float) -> list[str]:
+    """within_budget in words, one line per provider and precision."""
+    lines = []
+    for b in within_budget(report, budget_ms):
+        fits = (f"up to {format_resolution(tuple(b['resolution']))} (p90 {b['p90_ms']:.1f} ms)"
+                if b["resolution"] else "no measured resolution")
+        lines.append(f"within {budget_ms:g} ms p90 at batch 1 on {b['provider']} "
+                     f"{b['precision']}: {fits}")
+    return lines
+
+
 def plot(report: BenchReport, path: str | Path) -> Path:
     """Latency (p50) against token count, one line per provider / precision / batch (PNG)."""
     import matplotlib
@@ -515,66 +568,116 @@ def thread_scaling(threads: int, *, size: int = 1024, repeats: int = 15) -> floa
     return best[0] / best[1]
 
 
+def _report_from_dict(data: Any, source: str) -> BenchReport:
+    def need(ok: bool, where: str, what: str, got: Any) -> None:
+        if not ok:
+            raise ReportError(f"{source} is not a vit-deploy bench report (saved with --json): "
+                              f"{where} must be {what}, got {str(got)[:60]!r}")
+
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    def count(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+    need(isinstance(data, dict), "the file", "a JSON object", type(data).__name__)
+    need(isinstance(data.get("cases"), list), "'cases'", "a list", data.get("cases"))
+    for key in ("environment", "options"):
+        need(isinstance(data.get(key, {}), dict), repr(key), "an object", data.get(key))
+    cases = []
+    for i, c in enumerate(data["cases"]):
+        at = f"case {i + 1}"
+        need(isinstance(c, dict), at, "an object", c)
+        for key in ("provider", "requested", "precision", "status"):
+            need(isinstance(c.get(key), str), f"{at} {key!r}", "a string", c.get(key))
+        res = c.get("resolution")
+        need(isinstance(res, list) and len(res) == 2 and all(count(v) for v in res),
+             f"{at} 'resolution'", "[height, width]", res)
+        need(count(c.get("batch")), f"{at} 'batch'", "a positive integer", c.get("batch"))
+        need(c.get("threads") is None or count(c["threads"]), f"{at} 'threads'",
+             "a positive integer or null", c.get("threads"))
+        need(isinstance(c.get("graph", "dynamic"), str), f"{at} 'graph'", "a string",
+             c.get("graph"))
+        for key in (*STATS, "cold_start_ms", "memory_mb", "gpu_memory_mb", "ratio_to_torch"):
+            need(c.get(key) is None or number(c[key]), f"{at} {key!r}", "a number or null",
+                 c.get(key))
+        medians = c.get("session_medians_ms", [])
+        need(isinstance(medians, list) and all(number(v) for v in medians),
+             f"{at} 'session_medians_ms'", "a list of numbers", medians)
+        cases.append(CaseResult(
+            provider=c["provider"], requested=c["requested"], precision=c["precision"],
+            resolution=(res[0], res[1]), batch=c["batch"], threads=c["threads"],
+            session_medians_ms=[float(v) for v in medians], status=c["status"],
+            cold_start_ms=float(c.get("cold_start_ms") or 0.0),
+            memory_mb=float(c.get("memory_mb") or 0.0), gpu_memory_mb=c.get("gpu_memory_mb"),
+            ratio_to_torch=c.get("ratio_to_torch"), graph=c.get("graph", "dynamic"),
+            saved_stats={k: c[k] for k in STATS if c.get(k) is not None}))
+    budget = data.get("budget")
+    budget_ms = (budget[0].get("budget_ms") if isinstance(budget, list) and budget
+                 and isinstance(budget[0], dict) else None)
+    return BenchReport(str(data.get("bundle", "")), data.get("environment", {}),
+                       data.get("options", {}), cases,
+                       budget_ms=budget_ms if number(budget_ms) else None)
+
+
 @dataclass
 class Comparison:
-    """Saved bench reports side by side: one row per case, one column per report."""
+    """Saved bench reports side by side, from one machine or several: one row per case
+    (asked provider, precision, size, batch, threads), one column per report headed by the
+    machine it ran on; each cell is p50 / p90 in ms and the provider that really ran."""
 
     names: list[str]
-    reports: list[dict[str, Any]]
+    reports: list[BenchReport]
 
     def rows(self) -> list[list[str]]:
-        keys: dict[tuple, dict[int, dict[str, Any]]] = {}
-        for i, rep in enumerate(self.reports):
-            for c in rep.get("cases", []):
-                key = (c["requested"], c["precision"] + ("" if c.get("graph", "dynamic") ==
-                                                         "dynamic" else f" [{c['graph']}]"),
-                       tuple(c["resolution"]), c["batch"], c["threads"])
+        keys: dict[tuple, dict[int, CaseResult]] = {}
+        for i, report in enumerate(self.reports):
+            for c in report.cases:
+                precision = c.precision + ("" if c.graph == "dynamic" else f" [{c.graph}]")
+                key = (c.requested, precision, c.resolution, c.batch, c.threads)
                 keys.setdefault(key, {})[i] = c
-        rows = []
-        for (req, prec, res, batch, threads), by in keys.items():
-            cells = [f"{by[i]['p50_ms']:.2f} ({by[i]['provider']})"
-                     if i in by and by[i].get("p50_ms") is not None
-                     else (str(by[i].get("status", ""))[:30] if i in by else "-")
-                     for i in range(len(self.reports))]
-            rows.append([req, prec, f"{res[0]}x{res[1]}", str(batch), str(threads or "default"),
-                         *cells])
-        return rows
+        return [[requested, precision, format_resolution(res), str(batch),
+                 str(threads or "default"), *(_cell(by.get(i)) for i in range(len(self.reports)))]
+                for (requested, precision, res, batch, threads), by in keys.items()]
 
     def __rich__(self) -> Any:
         from rich.console import Group
         from rich.table import Table
 
         table = Table("asked", "precision", "res", "batch", "threads",
-                      *[f"{Path(n).stem}: p50 ms (ran on)" for n in self.names])
+                      *[f"{Path(n).stem}: p50 / p90 ms (ran on)\n{_device(r.environment)}"
+                        for n, r in zip(self.names, self.reports)])
         for row in self.rows():
             table.add_row(*row)
-        envs = [f"{n}: {r.get('environment', {}).get('cpu')} / GPU "
-                f"{r.get('environment', {}).get('gpu') or 'none'} / onnxruntime "
-                f"{r.get('environment', {}).get('onnxruntime')}"
-                for n, r in zip(self.names, self.reports)]
-        return Group(*envs, table)
+        machines = [f"{Path(n).stem}: {_machine(r.environment)}"
+                    for n, r in zip(self.names, self.reports)]
+        return Group(*machines, table)
+
+
+def _cell(c: CaseResult | None) -> str:
+    if c is None:
+        return "-"
+    s = c.stats()
+    if s.get("p50_ms") is None:
+        return c.status[:30]
+    p90 = f"{s['p90_ms']:.2f}" if s.get("p90_ms") is not None else "-"
+    return f"{s['p50_ms']:.2f} / {p90} ({c.provider})"
+
+
+def _device(env: dict[str, Any]) -> str:
+    """The column's machine: its GPU's name where it has one (nvidia-smi: name, driver,
+    memory), else its CPU."""
+    return str(env.get("gpu") or "").split(",")[0] or str(env.get("cpu") or "unknown machine")
+
+
+def _machine(env: dict[str, Any]) -> str:
+    return (f"{env.get('cpu') or 'unknown CPU'} ({env.get('cores') or '?'} cores); GPU "
+            f"{env.get('gpu') or 'none'}; onnxruntime {env.get('onnxruntime') or '?'}")
 
 
 def compare_reports(paths: Sequence[str | Path]) -> Comparison:
-    """`vit-deploy bench --compare a.json b.json`: reports from other runs or machines."""
-    reports = load_reports(paths)
-    keys = ("requested", "precision", "resolution", "batch", "threads")
-    for p, r in zip(paths, reports):
-        cases = r.get("cases") if isinstance(r, dict) else None
-        if not isinstance(cases, list) or not all(
-                isinstance(c, dict) and all(k in c for k in keys)
-                and isinstance(c["resolution"], list) and len(c["resolution"]) == 2
-                for c in cases):
-            raise ValueError(f"{str(p)!r} is not a vit-deploy bench report (saved with "
-                             f"--json)") from None
-    return Comparison([str(p) for p in paths], reports)
-
-
-def load_reports(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
-    out = []
-    for p in paths:
-        try:
-            out.append(json.loads(Path(p).read_text()))
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"cannot read bench report {str(p)!r}: {e}") from None
-    return out
+    """`vit-deploy bench --compare a.json b.json c.json`: reports from other runs or
+    machines, each read by BenchReport.load (ReportError if one is not a report)."""
+    if not paths:
+        raise ReportError("--compare needs one or more saved reports (bench --json)")
+    return Comparison([str(p) for p in paths], [BenchReport.load(p) for p in paths])

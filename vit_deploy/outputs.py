@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from vit_deploy.runtime.config import ViTConfig
 from vit_deploy.runtime.contract import (BATCH_DIM, CLASS_TOKEN_NAME, FEATURES_NAME, GRID_H_DIM,
@@ -124,3 +126,30 @@ def parse_layers(text: str | None) -> tuple[int, ...]:
         raise ValueError(f"layers must be comma-separated block numbers like 3,6,9,12, "
                          f"got {text!r}")
     return tuple(int(p) for p in parts)
+
+
+def write_features(session: Any, images: Sequence[Any], preprocess: Any,
+                   path: str | Path) -> dict[str, Any]:
+    """Each image's dense outputs (patch_tokens, layer_N) as `<output>_<index>` arrays of
+    (width, grid_h, grid_w), image by image so each keeps its aspect ratio, in one .npz
+    written atomically, with the image names as `sources`. Returns {file, shapes}."""
+    import io
+
+    import numpy as np
+
+    from vit_deploy.runtime.files import write_bytes_atomic
+    from vit_deploy.runtime.session import require_finite
+
+    names = [n for n in session.output_names if is_grid_output(n)]
+    if not names:
+        raise ValueError(f"the bundle has no dense outputs (outputs: {session.output_names}); "
+                         f"export with --outputs patch_tokens or --layers")
+    arrays: dict[str, Any] = {"sources": np.array([str(i) for i in images])}
+    for i, image in enumerate(images):
+        outs = session.run_all(preprocess(image)[None])
+        arrays.update({f"{n}_{i}": require_finite(outs[n], n)[0] for n in names})
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    write_bytes_atomic(Path(path), buffer.getvalue())
+    return {"file": str(path), "shapes": {k: list(v.shape) for k, v in arrays.items()
+                                          if k != "sources"}}

@@ -15,6 +15,7 @@ import numpy as np
 from vit_deploy.runtime.contract import (COSINE_MIN, FP32_ABS_TOL, INDEPENDENCE_ABS_TOL, LOGITS_NAME,
                                  tolerance_class)
 from vit_deploy.progress import Progress, silent
+from vit_deploy.runtime.errors import FAILED, VitDeployError
 from vit_deploy.runtime.sizes import format_resolution
 
 # One output (B, K), or every output of a multi-output model by name.
@@ -112,12 +113,20 @@ class ParityReport:
         return "\n".join([*lines, f"parity: {verdict}"])
 
 
-class ParityError(RuntimeError):
+class ParityError(VitDeployError, RuntimeError):
     """Raised with the whole report when any case or check failed."""
+
+    exit_code = FAILED
 
     def __init__(self, report: ParityReport):
         self.report = report
         super().__init__(f"parity failed in {len(report.failures)} case(s):\n{report}")
+
+    def message(self) -> str:
+        return "parity did not hold; nothing was written"
+
+    def details(self) -> ParityReport:
+        return self.report
 
 
 def metrics(ref: np.ndarray, out: np.ndarray) -> dict[str, float]:

@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 
 from vit_deploy.runtime.files import write_bytes_atomic
+from vit_deploy.runtime.errors import FAILED, VitDeployError
 from vit_deploy.runtime.contract import INPUT_NAME, IR_VERSION, METADATA_LINEARS_KEY, PRECISIONS
 from vit_deploy.runtime.cpu import ANY_CPU, INT8_CPUS, REQUIREMENT_TEXT
 
@@ -28,8 +29,10 @@ CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 FP16_KEEP_FP32 = ("LayerNormalization", "Softmax", "Resize")  # overflow / precision-sensitive
 
 
-class QuantizeError(RuntimeError):
+class QuantizeError(VitDeployError, RuntimeError):
     """The quantiser failed or produced a model that does not load."""
+
+    exit_code = FAILED
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -29,14 +29,17 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
 from vit_deploy.runtime.files import write_bytes_atomic
+from vit_deploy.runtime.errors import BAD_INPUT, VitDeployError
 from vit_deploy.runtime.config import IMAGENET_MEAN, IMAGENET_STD, ViTConfig, check_normalization
 from vit_deploy.export.model import ViT, build_model
 
 CONFIG_KEY = "vit_deploy.config"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(VitDeployError, ValueError):
     """A checkpoint that cannot be loaded into the model: says which keys and why."""
+
+    exit_code = BAD_INPUT
 
 
 class CheckpointWarning(UserWarning):

@@ -15,6 +15,7 @@ import onnx
 import torch
 
 from vit_deploy.runtime.files import write_bytes_atomic
+from vit_deploy.runtime.errors import FAILED, VitDeployError
 from vit_deploy.runtime.contract import (BATCH_DIM, GRID_H_DIM, GRID_W_DIM, HEIGHT_DIM, INPUT_NAME,
                                  IR_VERSION, METADATA_CONFIG_KEY, METADATA_LINEARS_KEY, OPSET,
                                  PRODUCER, WIDTH_DIM)
@@ -27,8 +28,10 @@ TRACE_GRID = (13, 17)
 TRACE_BATCH = 2
 
 
-class ExportError(RuntimeError):
+class ExportError(VitDeployError, RuntimeError):
     """torch.onnx.export or the ONNX checks failed."""
+
+    exit_code = FAILED
 
 
 @dataclass(frozen=True, kw_only=True)

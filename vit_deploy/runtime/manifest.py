@@ -28,6 +28,7 @@ from vit_deploy.runtime.files import sha256_file, write_bytes_atomic
 from vit_deploy.runtime.swap import recover_on_open
 from vit_deploy.runtime.cpu import ANY_CPU, INT8_CPUS, VNNI_CPU
 from vit_deploy.runtime.sizes import MAX_SIDE, format_resolution, require_patch_multiple
+from vit_deploy.runtime.errors import BAD_INPUT, VitDeployError
 
 MAX_MANIFEST_BYTES = 16 * 2**20  # ours are ~10 KB; a manifest is read whole before parsing
 MAX_DEPTH = 16  # nesting of the JSON; ours is 6 deep
@@ -35,8 +36,10 @@ MAX_TARGET_BATCH = 4096  # a target graph's fixed batch
 _PRECISION_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
 
 
-class BundleError(ValueError):
+class BundleError(VitDeployError, ValueError):
     """A bundle that cannot be used: says which file and why."""
+
+    exit_code = BAD_INPUT
 
 
 # -- the parts -------------------------------------------------------------------------

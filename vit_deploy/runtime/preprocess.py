@@ -17,6 +17,7 @@ from vit_deploy.runtime.config import check_normalization
 from vit_deploy.runtime.contract import RESIZE_RULES
 from vit_deploy.runtime.manifest import Manifest
 from vit_deploy.runtime.sizes import MAX_SIDE, require_patch_multiple
+from vit_deploy.runtime.errors import BAD_INPUT, VitDeployError
 
 ImageInput = Union[str, os.PathLike, bytes, bytearray, Image.Image, np.ndarray]
 
@@ -28,8 +29,10 @@ _RESAMPLE = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.B
              "nearest": Image.Resampling.NEAREST, "lanczos": Image.Resampling.LANCZOS}
 
 
-class ImageError(ValueError):
+class ImageError(VitDeployError, ValueError):
     """An input that is not a usable image: says which one and why."""
+
+    exit_code = BAD_INPUT
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,6 +14,8 @@ from typing import Any, Union
 
 import onnxruntime as ort
 
+from vit_deploy.runtime.errors import FAILED, VitDeployError
+
 ALIASES: dict[str, str] = {
     "cpu": "CPUExecutionProvider",
     "cuda": "CUDAExecutionProvider",
@@ -34,8 +36,10 @@ CPU = "CPUExecutionProvider"
 ProviderSpec = Union[str, tuple[str, Mapping[str, Any]]]
 
 
-class ProviderError(RuntimeError):
+class ProviderError(VitDeployError, RuntimeError):
     """A provider was asked for and cannot run."""
+
+    exit_code = FAILED
 
 
 @dataclass(frozen=True)

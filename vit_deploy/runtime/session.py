@@ -30,6 +30,7 @@ from vit_deploy.runtime.swap import recover_on_open
 from vit_deploy.runtime.tensorrt import tensorrt_defaults
 from vit_deploy.runtime.sizes import (MemoryEstimateError, guard_memory, require_merge_room,
                               require_patch_multiple)
+from vit_deploy.runtime.errors import BAD_INPUT, VitDeployError
 
 OPTIMIZATION_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -39,12 +40,16 @@ OPTIMIZATION_LEVELS = {
 }
 
 
-class InputError(ValueError):
+class InputError(VitDeployError, ValueError):
     """An input array the model cannot take: says what was expected and what was given."""
 
+    exit_code = BAD_INPUT
 
-class OutputError(ValueError):
+
+class OutputError(VitDeployError, ValueError):
     """A model output that is no result (NaN or ±Inf): says which output and how many."""
+
+    exit_code = BAD_INPUT
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,6 +7,8 @@ import os
 import re
 from typing import TYPE_CHECKING
 
+from vit_deploy.runtime.errors import BAD_INPUT, VitDeployError
+
 if TYPE_CHECKING:
     from vit_deploy.runtime.config import ViTConfig
 
@@ -76,8 +78,10 @@ def grid_of(height: int, width: int, patch: int) -> tuple[int, int]:
     return height // patch, width // patch
 
 
-class MemoryEstimateError(ValueError):
+class MemoryEstimateError(VitDeployError, ValueError):
     """A resolution whose attention would not fit in this machine's memory."""
+
+    exit_code = BAD_INPUT
 
 
 def attention_bytes(height: int, width: int, cfg: ViTConfig, *, batch: int = 1,

@@ -27,17 +27,22 @@ from pathlib import Path
 
 from vit_deploy.runtime.contract import MANIFEST_NAME
 from vit_deploy.runtime.files import can_exchange, exchange, sha256_file, umask, write_bytes_atomic
+from vit_deploy.runtime.errors import BAD_INPUT, FAILED, VitDeployError
 
 # Called with the name of each step of a swap; tests set it to kill the process there.
 step: Callable[[str], None] = lambda _name: None
 
 
-class OutputExistsError(FileExistsError):
+class OutputExistsError(VitDeployError, FileExistsError):
     """The destination exists and may not be replaced."""
 
+    exit_code = BAD_INPUT
 
-class BusyError(RuntimeError):
+
+class BusyError(VitDeployError, RuntimeError):
     """Another process is writing the same directory."""
+
+    exit_code = FAILED
 
 
 # -- one writer ------------------------------------------------------------------------

@@ -1,0 +1,51 @@
+"""`vit-deploy check`: a bundle against PyTorch (or its stored references) everywhere."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from vit_deploy.cli.options import (PrecisionList, batches_option, console, output_file,
+                                    providers_list, quiet_option, refuse_clobber,
+                                    resolutions_option)
+
+
+@click.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--providers", default="cpu", show_default=True,
+              help="Comma-separated providers (cpu, cuda, tensorrt, ...).")
+@click.option("--precision", "precisions", type=PrecisionList(), default=None,
+              help="Precisions to check (default: every one in the bundle).")
+@resolutions_option("Comma-separated resolutions (default: the deploy and native sizes).")
+@batches_option("1,4")
+@click.option("--require", is_flag=True, help="A provider that is not available is a failure.")
+@click.option("--no-buckets", is_flag=True, help="Skip the edge targets' bucket graphs "
+              "(checked by default, each at its own size).")
+@output_file("--json", "json_out")
+@output_file("--markdown", "md_out")
+@quiet_option
+def check(bundle: Path, providers: str, precisions: tuple[str, ...] | None,
+          resolutions: tuple[tuple[int, int], ...] | None, batches: tuple[int, ...],
+          require: bool, json_out: Path | None, md_out: Path | None, quiet: bool,
+          no_buckets: bool = False) -> None:
+    """Check a bundle against PyTorch on every provider × precision × size × batch.
+
+    Also batch independence and determinism per provider and precision. Exits 1 if
+    any case fails (or, with --require, if a provider is not available here).
+    """
+    from vit_deploy.check import CheckOptions, run_check
+    from vit_deploy.progress import steps
+    from vit_deploy.reports import save_report
+
+    refuse_clobber({"--json": json_out, "--markdown": md_out}, bundles=[bundle])
+    options = CheckOptions(providers=providers_list(providers), precisions=precisions or (),
+                           resolutions=resolutions or (), batches=batches, require=require,
+                           targets=not no_buckets)
+    with steps(quiet=quiet, title="checking") as progress:
+        report = run_check(bundle, options, progress=progress)
+    console().print(report)
+    save_report(report, json=json_out, markdown=md_out)
+    if not report:
+        sys.exit(1)

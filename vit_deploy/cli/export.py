@@ -1,0 +1,129 @@
+"""`vit-deploy export`: a checkpoint (or random weights) to a checked ONNX bundle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from vit_deploy.cli.options import (MAX_PATCH, MAX_SEED, RESOLUTION, PrecisionList, console,
+                                    force_option, quant_options, quiet_option)
+from vit_deploy.cli.quantize import add_precisions
+from vit_deploy.runtime.config import POOLS, POS_EMBED_KINDS, VARIANTS
+from vit_deploy.runtime.contract import OPSET
+from vit_deploy.runtime.sizes import format_resolution
+
+
+@click.command()
+@click.option("--model", "variant_name", default="B", show_default=True,
+              help=f"Model size ({', '.join(VARIANTS)}), optionally with /PATCH (B/16).")
+@click.option("--patch", type=click.IntRange(min=1, max=MAX_PATCH), default=None,
+              help="Patch size (8, 14, 16, 32 for the named sizes). Default 16 (tiny: 8). "
+                   "With a --checkpoint of another patch size, its patch embedding is "
+                   "PI-resized (FlexiViT) and its position table resampled.")
+@click.option("--res", "resolution", type=RESOLUTION, default=None,
+              help="Deploy resolution, N or HxW: parity is checked there and preprocessing "
+                   "resizes to it. Default: the native resolution.")
+@click.option("--native-res", type=RESOLUTION, default=None,
+              help="Native resolution of a newly built model (its position table). Default 224.")
+@click.option("--checkpoint", type=click.Path(path_type=Path), default=None,
+              help="Weights: a vit-deploy .safetensors (carries its config), a timm state dict "
+                   "(.safetensors / .pth / .bin), or a Hugging Face directory (ViT, DeiT, "
+                   "DINOv2, DINOv2 with registers). Default: random weights (seeded).")
+@click.option("--from", "source", type=click.Choice(["auto", "vit-deploy", "timm", "hf"]),
+              default="auto", show_default=True, help="Checkpoint format.")
+@click.option("--heads", type=click.IntRange(1, 1024), default=None,
+              help="Attention heads of a timm checkpoint of non-standard width.")
+@click.option("--pos-embed", type=click.Choice(POS_EMBED_KINDS), default="learned", show_default=True)
+@click.option("--pool", type=click.Choice(POOLS), default="cls", show_default=True)
+@click.option("--num-classes", type=click.IntRange(0, 1_000_000), default=None,
+              help="Classes of the head; 0: a backbone without one. Default 1000 (tiny: 10).")
+@click.option("--static", is_flag=True, help="Freeze --res into the graph (no Resize node).")
+@click.option("--no-simplify", is_flag=True, help="Skip onnxsim.")
+@click.option("--features", is_flag=True, help="Also output the pooled features ('pooled').")
+@click.option("--outputs", "outputs", default=None, metavar="NAMES",
+              help="Comma-separated outputs, in order: logits, pooled, patch_tokens "
+                   "[batch, width, grid_h, grid_w], class_token, register_tokens. Default: "
+                   "logits (a model without classifier: pooled,patch_tokens).")
+@click.option("--layers", default=None, metavar="BLOCKS",
+              help="Also output the patch tokens after these blocks (1-based, e.g. 3,6,9,12) "
+                   "as layer_N [batch, width, grid_h, grid_w], for DPT-style heads.")
+@click.option("--merge-tokens", "merge", default=None, metavar="R|r1,r2,...",
+              help="Token merging (ToMe) in the graph: merge R tokens in every block, or one "
+                   "number per block. Faster, slightly less exact; classifier outputs only.")
+@click.option("--layer-norm/--no-layer-norm", default=True, show_default=True,
+              help="Pass --layers through the final norm (DINOv2 / Dinov2Backbone) or not "
+                   "(Hugging Face hidden_states).")
+@click.option("--opset", type=click.IntRange(18, 30), default=OPSET, show_default=True)
+@click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True,
+              help="Seed of random weights.")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Bundle directory. Default: ./vit-<model><patch>-<res>.")
+@click.option("--labels", "labels_file", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Class names, one per line (as many as classes).")
+@click.option("--precision", "precisions", type=PrecisionList(), default="fp32",
+              show_default=True, help="Precisions to add after the fp32 export (see quantize).")
+@quant_options
+@force_option("Write into --out even if vit-deploy did not write it (its files are "
+              "kept), and try resolutions whose memory estimate exceeds what is available.")
+@quiet_option
+def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | None,
+           native_res: tuple[int, int] | None, checkpoint: Path | None, source: str,
+           heads: int | None, pos_embed: str, pool: str,
+           num_classes: int | None, static: bool, no_simplify: bool, features: bool,
+           outputs: str | None, layers: str | None, layer_norm: bool, merge: str | None,
+           opset: int, seed: int, out: Path | None, labels_file: Path | None, precisions: tuple[str, ...],
+           force: bool, quiet: bool, **quant: Any) -> None:
+    """Export a ViT to an ONNX bundle that takes any H×W divisible by the patch size.
+
+    Checks ONNX Runtime (CPU) against PyTorch at several resolutions and batch sizes;
+    a failing case fails the export and leaves nothing behind.
+    """
+    from vit_deploy.export.bundle import (ExportOptions, default_bundle_name, export_bundle,
+                                          model_from_flags, validate_request)
+    from vit_deploy.info import BundleSummary
+    from vit_deploy.outputs import parse_layers, parse_names
+    from vit_deploy.progress import steps
+    from vit_deploy.runtime.config import config_from_flags
+    from vit_deploy.runtime.manifest import load_manifest
+
+    labels = read_labels(labels_file) if labels_file else None
+    options = ExportOptions(resolution=resolution, static=static, simplify=not no_simplify,
+                            opset=opset, features=features, force=force, labels=labels,
+                            allow_large=force, outputs=parse_names(outputs),
+                            layers=parse_layers(layers), layer_norm=layer_norm)
+    if checkpoint is None:  # the flags give the config: refuse (memory guard) before building
+        validate_request(config_from_flags(variant_name, patch=patch, native_res=native_res,
+                                           num_classes=num_classes, pos_embed=pos_embed,
+                                           pool=pool), options)
+    model, fmt = model_from_flags(variant_name, patch=patch, native_res=native_res,
+                                  num_classes=num_classes, pos_embed=pos_embed, pool=pool,
+                                  seed=seed, checkpoint=checkpoint, source=source, heads=heads,
+                                  merge=merge)
+    cfg = model.cfg
+    resolution = validate_request(cfg, options)  # fail fast, before minutes of work
+    out = out or Path(default_bundle_name(cfg, resolution))
+    screen = console()
+    if not quiet:
+        screen.print(f"{f'checkpoint {checkpoint}: {fmt} format; ' if fmt else ''}exporting "
+                     f"{cfg.name or 'ViT'} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}"
+                     f" M parameters, {cfg.pos_embed} positions, {cfg.pool} pooling) at "
+                     f"{format_resolution(resolution)}, {'static' if static else 'dynamic'} "
+                     f"-> {out}")
+    with steps(quiet=quiet, title="exporting") as progress:
+        result = export_bundle(model, out, options=options, progress=progress)
+    screen.print(result.report)
+    for note in result.notes:
+        screen.print(f"note: {note}")
+    if any(p != "fp32" for p in precisions):
+        add_precisions(out, precisions, force=False, quiet=quiet, **quant)
+    screen.print(BundleSummary(load_manifest(out), str(out)))
+
+
+def read_labels(path: Path) -> tuple[str, ...]:
+    try:
+        return tuple(line.strip() for line in path.read_text(encoding="utf-8").splitlines()
+                     if line.strip())
+    except (OSError, UnicodeDecodeError) as e:
+        raise click.BadParameter(f"cannot read {str(path)!r}: {e}", param_hint="--labels") from None

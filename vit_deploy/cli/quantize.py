@@ -1,0 +1,54 @@
+"""`vit-deploy quantize`: add fp16 / int8 / int4 models to a bundle, each checked."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from vit_deploy.cli.options import PrecisionList, console, force_option, quant_options, quiet_option
+
+
+@click.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--precision", "precisions", type=PrecisionList(), required=True,
+              help="Comma-separated: fp16, int8 (dynamic), int8-static, int4, or all.")
+@quant_options
+@force_option("Write precisions even if they fail the policy.")
+@quiet_option
+def quantize(bundle: Path, precisions: tuple[str, ...], force: bool, quiet: bool,
+             **quant: Any) -> None:
+    """Add quantised / fp16 models to BUNDLE, each checked against its fp32 model.
+
+    Only the encoder's linear layers are quantised. A precision outside the tolerance
+    policy (DESIGN.md) is not written unless --force, and the exit code is 1. Files in
+    BUNDLE that vit-deploy did not write are kept.
+    """
+    add_precisions(bundle, precisions, force=force, quiet=quiet, **quant)
+
+
+def add_precisions(bundle: Path, precisions: tuple[str, ...], *, force: bool, quiet: bool,
+                   calib: str | None, calib_method: str, calib_samples: int, block_size: int,
+                   exclude: str, float_head: bool, max_drop: float | None,
+                   eval_set: str | None, int8_cpu: str) -> None:
+    """The quantisation options group (options.quant_options) -> precisions.add_precisions,
+    its report printed; exit 1 if a precision failed. `export --precision` ends with it."""
+    from vit_deploy.precisions import PrecisionOptions, add_precisions as add, calibration_batches
+    from vit_deploy.progress import steps
+    from vit_deploy.quantize import QuantOptions
+    from vit_deploy.runtime.manifest import load_manifest
+
+    quant = QuantOptions(exclude=tuple(e.strip() for e in exclude.split(",") if e.strip()),
+                         calibration=calib_method, block_size=block_size, head=not float_head,
+                         cpu=int8_cpu)
+    options = PrecisionOptions(quant=quant, max_drop=max_drop, force=force, eval_set=eval_set)
+    calibration = (calibration_batches(load_manifest(bundle), calib, limit=calib_samples)
+                   if calib and "int8-static" in precisions else None)
+    with steps(quiet=quiet, title="quantising") as progress:
+        report = add(bundle, precisions, calibration=calibration, options=options,
+                     progress=progress)
+    console().print(report)
+    if not report:
+        sys.exit(1)

@@ -1,0 +1,48 @@
+"""`vit-deploy target`: fixed-shape bucket graphs for an edge target."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from vit_deploy.cli.options import console, quiet_option
+from vit_deploy.runtime.contract import TARGETS
+
+
+@click.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--target", "target_name", type=click.Choice(TARGETS), required=True,
+              help="cpu / mobile / web: fp32 (+ int8 if the bundle has it); npu: int8-static "
+                   "(QDQ); tensorrt: fp32 and fp16. mobile and web also get ORT format.")
+@click.option("--buckets", required=True, help="Resolution buckets, N or HxW, comma-separated "
+              "(e.g. 224,256x320,448): one static graph each per precision.")
+@click.option("--batch", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="The fixed batch of every graph.")
+@click.option("--calib", default=None, help="npu (int8-static): calibration images, a folder "
+              "or 'digits'.")
+@click.option("--calib-samples", type=click.IntRange(1, 100_000), default=64, show_default=True)
+@quiet_option
+def target(bundle: Path, target_name: str, buckets: str, batch: int, calib: str | None,
+           calib_samples: int, quiet: bool) -> None:
+    """Add an edge target to BUNDLE: per bucket a fixed-shape graph per precision.
+
+    Each graph is checked against PyTorch (the bundle's weights) at exactly its size; one
+    that fails is not written and the exit code is 1. The runtime picks a bucket per image
+    (nearest aspect ratio, then area) and keeps the dynamic graph for other sizes.
+    """
+    from vit_deploy.progress import steps
+    from vit_deploy.targets import TargetOptions, add_target, parse_buckets
+
+    try:
+        sizes = parse_buckets(buckets)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--buckets") from None
+    options = TargetOptions(target=target_name, buckets=sizes, batch=batch, calibration=calib,
+                            calibration_samples=calib_samples)
+    with steps(quiet=quiet, title="target") as progress:
+        report = add_target(bundle, options, progress=progress)
+    console().print(report)
+    if not report:
+        sys.exit(1)

@@ -1,0 +1,104 @@
+"""`vit-deploy predict`: classify images with a bundle (or a bare .onnx file), and write
+their dense features; torch-free, it runs on the base install.
+
+    result = predict("bundle/", ["cat.jpg"], PredictOptions(top_k=3))
+    print(result.to_json())
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vit_deploy.outputs import write_features
+from vit_deploy.runtime.contract import LOGITS_NAME
+from vit_deploy.runtime.manifest import dumps_strict
+from vit_deploy.runtime.providers import short_name
+from vit_deploy.runtime.session import Prediction, RuntimeOptions, ViTSession
+
+
+@dataclass(frozen=True, kw_only=True)
+class PredictOptions:
+    provider: str = "cpu"  # alias or list in preference order
+    fallback: bool = False
+    precision: str = "fp32"
+    top_k: int = 5
+    target: str = "auto"  # bucket graphs: auto, none, or a target name
+    threads: int | None = None
+    # Overrides of the manifest's preprocessing (a bare .onnx file needs the last three).
+    # Any of them sends every image through the dynamic graph instead of its bucket.
+    resize: str | None = None
+    resolution: tuple[int, int] | None = None
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    features: Path | None = None  # also write the dense outputs to this .npz
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        return {"resize": self.resize, "resolution": self.resolution, "mean": self.mean,
+                "std": self.std}
+
+
+@dataclass(frozen=True)
+class PredictResult:
+    providers: list[str]  # short names, the one that ran first
+    precision: str
+    predictions: list[Prediction]
+    features: dict[str, Any] | None  # {file, shapes} when --features was written
+    fallback_reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"providers": self.providers, "precision": self.precision,
+                "predictions": [p.to_dict() for p in self.predictions],
+                "features": self.features}
+
+    def to_json(self) -> str:
+        return dumps_strict(self.to_dict())
+
+    def __rich__(self) -> Any:
+        from rich.console import Group
+
+        lines: list[Any] = [f"ran on {self.providers[0]} ({self.precision})"
+                            + (f"; {self.fallback_reason}" if self.fallback_reason else "")]
+        lines += self.predictions
+        if self.features:
+            lines.append(f"wrote {self.features['file']}: " + ", ".join(
+                f"{k} {tuple(v)}" for k, v in self.features["shapes"].items()))
+        return Group(*lines)
+
+
+def predict(bundle: str | Path, images: Sequence[str | Path],
+            options: PredictOptions = PredictOptions()) -> PredictResult:
+    """Top-k classes of each image (a classifier), and with `options.features` each image's
+    dense outputs in one .npz. A bundle without a classifier needs `features`."""
+    images = list(images)
+    with warnings.catch_warnings():  # a fallback is reported in the result, in plain words
+        warnings.simplefilter("ignore", RuntimeWarning)
+        session = ViTSession(bundle, provider=options.provider, precision=options.precision,
+                             fallback=options.fallback,
+                             options=RuntimeOptions(threads=options.threads),
+                             target=options.target)
+    with session:
+        classifier = LOGITS_NAME in session.output_names
+        if not classifier and options.features is None:
+            raise ValueError(f"{bundle} has no classifier (outputs: {session.output_names}); "
+                             f"write its features with --features out.npz")
+        pre = session.preprocess(**options.overrides)
+        if session.buckets is not None and not any(v is not None
+                                                   for v in options.overrides.values()):
+            pre = None  # bucket graphs: each image goes to its bucket (runtime/buckets.py)
+        predictions = (session.predict(images, top_k=options.top_k, preprocess=pre)
+                       if classifier else [])
+        written = None
+        if options.features is not None:
+            dense = session.preprocess(**(options.overrides | {
+                "resize": options.resize or "patch_multiple"}))
+            written = write_features(session, images, dense, options.features)
+        return PredictResult([short_name(p) for p in session.providers], options.precision,
+                             predictions, written, session.fallback_reason)
+
+
+__all__ = ["PredictOptions", "PredictResult", "predict"]
