@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import click
-import pytest
 
 from vit_deploy.cli import main
 
