@@ -20,13 +20,36 @@ def test_bench_interleaves_cases_with_a_torch_baseline(tiny_bundle):
         s = case.stats()
         assert case.status == "ok" and s["runs"] == 6
         assert s["min_ms"] <= s["p50_ms"] <= s["p90_ms"] <= s["p99_ms"] <= s["max_ms"]
-        assert s["images_per_s"] == pytest.approx(1000 * case.batch / s["p50_ms"])
+        assert s["images_per_s"] > 0
         assert case.cold_start_ms > 0
         if case.provider == "torch":
             assert case.ratio_to_torch is None
         else:
             assert case.provider == "cpu" and case.ratio_to_torch > 0
             assert len(case.session_medians_ms) == 2  # every session was used
+
+
+def test_case_statistics_from_known_latencies():
+    """Ten runs of 10..100 ms at batch 4, worked out by hand (numpy's linear percentiles)."""
+    from vit_deploy.bench import CaseResult
+
+    case = CaseResult("cpu", "cpu", "fp32", (32, 32), 4, 2,
+                      latencies_ms=[10.0 * k for k in range(10, 0, -1)])
+    assert case.stats() == pytest.approx({"p50_ms": 55.0, "p90_ms": 91.0, "p99_ms": 99.1,
+                                          "mean_ms": 55.0, "min_ms": 10.0, "max_ms": 100.0,
+                                          "runs": 10, "images_per_s": 4 / 0.055})
+
+
+def test_thread_scaling_is_the_best_one_thread_time_over_the_best_n_thread_time():
+    """A scripted clock: one thread's runs take 4, 3, 5 s, two threads' 2, 1.5, 3 s."""
+    from vit_deploy.bench import thread_scaling
+
+    ticks, now = [], 0.0
+    for took in (4, 3, 5, 2, 1.5, 3):
+        ticks += [now, now + took]
+        now += 10
+    clock = iter(ticks).__next__
+    assert thread_scaling(2, size=64, repeats=3, clock=clock) == 3 / 1.5
 
 
 def test_unavailable_provider_is_reported_not_skipped(tiny_bundle):
@@ -96,7 +119,7 @@ def test_report_says_how_many_cores_the_threads_got(tiny_bundle):
     assert probe["threads"] == 2 and probe["before"] > 0 and probe["after"] > 0
     one = run_bench(result.path, BenchOptions(threads=(1,), runs=2, warmup=0, sessions=1))
     assert "thread_scaling" not in one.environment  # nothing to probe on one thread
-    assert 0.2 < thread_scaling(1, size=256, repeats=3) < 5  # one thread vs itself
+    assert thread_scaling(1, size=64, repeats=2) > 0  # runs on the real matmul
     starved = BenchReport(report.bundle, report.environment | {"thread_scaling": {
         "threads": 2, "before": 0.93, "after": 1.95}}, report.options, report.cases)
     assert any("2 threads got 0.93 (before)" in n for n in status_notes(starved))
