@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from vit_deploy.bench import BenchOptions, environment, run_bench
+from vit_deploy.bench import BenchOptions, run_bench
+from vit_deploy.bench_machine import environment
 from vit_deploy.cli import main
 
 
@@ -88,7 +89,8 @@ def test_bench_plot_and_budget(quantised_bundle, tmp_path):
 
 
 def test_report_says_how_many_cores_the_threads_got(tiny_bundle):
-    from vit_deploy.bench import BenchReport, status_notes, thread_scaling
+    from vit_deploy.bench_machine import thread_scaling
+    from vit_deploy.bench_report import BenchReport, status_notes
 
     _, result = tiny_bundle
     report = run_bench(result.path, BenchOptions(threads=(2,), runs=2, warmup=0, sessions=1))
@@ -118,7 +120,7 @@ def saved_report(tiny_bundle, tmp_path_factory):
 
 
 def test_a_saved_report_reads_back_typed_and_unchanged(saved_report):
-    from vit_deploy.bench import BenchReport
+    from vit_deploy.bench_report import BenchReport
 
     data = json.loads(saved_report.read_text())
     report = BenchReport.from_json(saved_report.read_text())

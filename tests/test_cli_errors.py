@@ -87,7 +87,7 @@ def test_json_output_is_strict_json_even_when_a_number_is_nan(tiny_bundle, tmp_p
 # -- one base class: the exit code is the error class's, not a list of names in the CLI ----
 def _error_classes():
     from vit_deploy.atomic import ClobberError
-    from vit_deploy.bench import ReportError
+    from vit_deploy.bench_report import ReportError
     from vit_deploy.export.checkpoints import CheckpointError
     from vit_deploy.export.onnx import ExportError
     from vit_deploy.parity import ParityError
