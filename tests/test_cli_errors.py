@@ -93,7 +93,7 @@ def _error_classes():
     from vit_deploy.parity import ParityError
     from vit_deploy.quantize import QuantizeError
     from vit_deploy.reports import MissingExtraError
-    from vit_deploy.runtime.manifest import BundleError
+    from vit_deploy.runtime.manifest_parts import BundleError
     from vit_deploy.runtime.preprocess import ImageError
     from vit_deploy.runtime.providers import ProviderError
     from vit_deploy.runtime.session import InputError, OutputError

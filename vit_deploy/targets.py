@@ -44,8 +44,8 @@ from vit_deploy.parity import ParityReport, batch_independence, compare, sample_
 from vit_deploy.progress import Progress, silent
 from vit_deploy.quantize import QuantOptions, linear_layers, quantize_model
 from vit_deploy.info import mobile_lines
-from vit_deploy.runtime.manifest import (BucketGraph, FileEntry, Manifest, TargetSpec,
-                                         load_manifest)
+from vit_deploy.runtime.manifest import Manifest, load_manifest
+from vit_deploy.runtime.manifest_parts import BucketGraph, FileEntry, TargetSpec
 from vit_deploy.runtime.session import RuntimeOptions, ViTSession
 from vit_deploy.runtime.sizes import format_resolution, guard_memory, require_patch_multiple
 

@@ -28,7 +28,8 @@ from vit_deploy.cli import main
 from vit_deploy.runtime.config import ViTConfig
 from vit_deploy.runtime.contract import MANIFEST_NAME, MODEL_FILE, WEIGHTS_FILE
 from vit_deploy.runtime import BundleError, InputError, Preprocess, RuntimeOptions, ViTSession
-from vit_deploy.runtime.manifest import FileEntry, Manifest, bundle_path, load_manifest
+from vit_deploy.runtime.manifest import Manifest, bundle_path, load_manifest
+from vit_deploy.runtime.manifest_parts import FileEntry
 from vit_deploy.runtime.session import OutputError
 
 NO_VERIFY = RuntimeOptions(verify=False)

@@ -19,7 +19,8 @@ from vit_deploy.runtime.contract import FEATURES_NAME, LOGITS_NAME, METADATA_CON
 from vit_deploy.runtime.buckets import BucketRunner, resolve_target
 from vit_deploy.runtime.cpu import int8_warning
 from vit_deploy.runtime.graph_cache import OptimizedGraphCache
-from vit_deploy.runtime.manifest import BundleError, Manifest, load_manifest
+from vit_deploy.runtime.manifest import Manifest, load_manifest
+from vit_deploy.runtime.manifest_parts import BundleError
 from vit_deploy.runtime.model_scan import inspect_model
 from vit_deploy.runtime.placement import profile_placement
 from vit_deploy.runtime.preprocess import ImageInput, Preprocess
