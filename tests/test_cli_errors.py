@@ -96,7 +96,8 @@ def _error_classes():
     from vit_deploy.runtime.manifest_parts import BundleError
     from vit_deploy.runtime.preprocess import ImageError
     from vit_deploy.runtime.providers import ProviderError
-    from vit_deploy.runtime.session import InputError, OutputError
+    from vit_deploy.runtime.results import OutputError
+    from vit_deploy.runtime.session import InputError
     from vit_deploy.runtime.sizes import MemoryEstimateError
     from vit_deploy.runtime.swap import BusyError, OutputExistsError
 

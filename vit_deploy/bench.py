@@ -20,7 +20,8 @@ from vit_deploy.bench_machine import environment, gpu_memory_mb, rss_mb, thread_
 from vit_deploy.bench_report import BenchReport, CaseResult
 from vit_deploy.runtime.manifest import load_manifest
 from vit_deploy.runtime.providers import CPU, parse_providers, short_name
-from vit_deploy.runtime.session import RuntimeOptions, ViTSession
+from vit_deploy.runtime.ort_session import RuntimeOptions
+from vit_deploy.runtime.session import ViTSession
 from vit_deploy.runtime.sizes import guard_memory
 
 TORCH = "torch"  # the baseline's provider label

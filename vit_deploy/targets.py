@@ -46,7 +46,8 @@ from vit_deploy.quantize import QuantOptions, linear_layers, quantize_model
 from vit_deploy.info import mobile_lines
 from vit_deploy.runtime.manifest import Manifest, load_manifest
 from vit_deploy.runtime.manifest_parts import BucketGraph, FileEntry, TargetSpec
-from vit_deploy.runtime.session import RuntimeOptions, ViTSession
+from vit_deploy.runtime.ort_session import RuntimeOptions
+from vit_deploy.runtime.session import ViTSession
 from vit_deploy.runtime.sizes import format_resolution, guard_memory, require_patch_multiple
 
 # (precisions always built, precisions built when the bundle has them)
