@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from vit_deploy.bench import BenchOptions, environment, run_bench
+from vit_deploy.bench import BenchOptions, run_bench
+from vit_deploy.bench_machine import environment
 from vit_deploy.cli import main
 
 
@@ -31,7 +32,7 @@ def test_bench_interleaves_cases_with_a_torch_baseline(tiny_bundle):
 
 def test_case_statistics_from_known_latencies():
     """Ten runs of 10..100 ms at batch 4, worked out by hand (numpy's linear percentiles)."""
-    from vit_deploy.bench import CaseResult
+    from vit_deploy.bench_report import CaseResult
 
     case = CaseResult("cpu", "cpu", "fp32", (32, 32), 4, 2,
                       latencies_ms=[10.0 * k for k in range(10, 0, -1)])
@@ -42,7 +43,7 @@ def test_case_statistics_from_known_latencies():
 
 def test_thread_scaling_is_the_best_one_thread_time_over_the_best_n_thread_time():
     """A scripted clock: one thread's runs take 4, 3, 5 s, two threads' 2, 1.5, 3 s."""
-    from vit_deploy.bench import thread_scaling
+    from vit_deploy.bench_machine import thread_scaling
 
     ticks, now = [], 0.0
     for took in (4, 3, 5, 2, 1.5, 3):
@@ -111,7 +112,8 @@ def test_bench_plot_and_budget(quantised_bundle, tmp_path):
 
 
 def test_report_says_how_many_cores_the_threads_got(tiny_bundle):
-    from vit_deploy.bench import BenchReport, status_notes, thread_scaling
+    from vit_deploy.bench_machine import thread_scaling
+    from vit_deploy.bench_report import BenchReport, status_notes
 
     _, result = tiny_bundle
     report = run_bench(result.path, BenchOptions(threads=(2,), runs=2, warmup=0, sessions=1))
@@ -141,7 +143,7 @@ def saved_report(tiny_bundle, tmp_path_factory):
 
 
 def test_a_saved_report_reads_back_typed_and_unchanged(saved_report):
-    from vit_deploy.bench import BenchReport
+    from vit_deploy.bench_report import BenchReport
 
     data = json.loads(saved_report.read_text())
     report = BenchReport.from_json(saved_report.read_text())

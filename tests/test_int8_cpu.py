@@ -20,7 +20,8 @@ from vit_deploy.runtime.contract import COSINE_MIN
 from vit_deploy.parity import metrics, sample_inputs
 from vit_deploy.quantize import QuantOptions, quantize_model
 from vit_deploy.runtime import cpu
-from vit_deploy.runtime.manifest import FileEntry, load_manifest
+from vit_deploy.runtime.manifest import load_manifest
+from vit_deploy.runtime.manifest_parts import FileEntry
 from vit_deploy.runtime.session import ViTSession
 
 PROBE = Path(__file__).with_name("int8_probe.py")

@@ -202,7 +202,8 @@ import os, shutil, signal, sys
 from pathlib import Path
 from vit_deploy import atomic
 from vit_deploy.runtime import swap
-from vit_deploy.runtime.manifest import FileEntry, load_manifest
+from vit_deploy.runtime.manifest import load_manifest
+from vit_deploy.runtime.manifest_parts import FileEntry
 
 bundle, target = Path(sys.argv[1]), sys.argv[2]
 swap.step = lambda name: os.kill(os.getpid(), signal.SIGKILL) if name == target else None

@@ -24,7 +24,8 @@ from vit_deploy.runtime.contract import MANIFEST_NAME, MODEL_FILE
 from vit_deploy.export.bundle import ExportOptions, export_bundle
 from vit_deploy.parity import sample_inputs
 from vit_deploy.runtime import BundleError, InputError, ViTSession
-from vit_deploy.runtime.manifest import FileEntry, load_manifest
+from vit_deploy.runtime.manifest import load_manifest
+from vit_deploy.runtime.manifest_parts import FileEntry
 
 
 def _rss_mb() -> float:

@@ -560,7 +560,8 @@ def test_model_metadata_lists_every_output_of_the_manifest(bundle):
     """Outputs beyond logits / pooled (dense ones, layer_N) take symbolic dims as -1."""
     import dataclasses
 
-    from vit_deploy.runtime.manifest import TensorSpec, load_manifest
+    from vit_deploy.runtime.manifest import load_manifest
+    from vit_deploy.runtime.manifest_parts import TensorSpec
 
     manifest = load_manifest(bundle)
     extra = TensorSpec("patch_tokens", "float32", ("batch", 48, "grid_height", "grid_width"))

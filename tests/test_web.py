@@ -52,7 +52,7 @@ def _external_data_bundle(src: Path, dst: Path) -> None:
     import onnx
 
     from vit_deploy.runtime.contract import MANIFEST_NAME, MODEL_FILE
-    from vit_deploy.runtime.manifest import FileEntry
+    from vit_deploy.runtime.manifest_parts import FileEntry
 
     dst.mkdir(parents=True)
     model = onnx.load(str(src / MODEL_FILE))
@@ -71,7 +71,7 @@ def _without_output(src: Path, dst: Path, name: str) -> None:
     import onnx
 
     from vit_deploy.runtime.contract import MANIFEST_NAME, MODEL_FILE
-    from vit_deploy.runtime.manifest import FileEntry
+    from vit_deploy.runtime.manifest_parts import FileEntry
 
     shutil.copytree(src, dst)
     model = onnx.load(str(src / MODEL_FILE))

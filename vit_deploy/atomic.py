@@ -28,7 +28,8 @@ from pathlib import Path
 from vit_deploy.runtime import swap
 from vit_deploy.runtime.contract import MANIFEST_NAME
 from vit_deploy.runtime.files import fsync_tree, link_or_copy, sha256_file
-from vit_deploy.runtime.manifest import MAX_MANIFEST_BYTES, BundleError, load_manifest
+from vit_deploy.runtime.manifest import MAX_MANIFEST_BYTES, load_manifest
+from vit_deploy.runtime.manifest_parts import BundleError
 from vit_deploy.runtime.swap import OutputExistsError, writer_lock
 
 REPOSITORY_FORMAT = "vit-deploy-triton-repository"  # what `vit-deploy triton` writes

@@ -13,7 +13,8 @@ from vit_deploy.parity import Forward, ParityReport, batch_independence, compare
 from vit_deploy.progress import Progress, silent
 from vit_deploy.runtime.manifest import Manifest, dumps_strict, load_manifest
 from vit_deploy.runtime.providers import parse_providers, short_name
-from vit_deploy.runtime.session import RuntimeOptions, ViTSession
+from vit_deploy.runtime.ort_session import RuntimeOptions
+from vit_deploy.runtime.session import ViTSession
 from vit_deploy.runtime.sizes import guard_memory, merge_fits
 
 

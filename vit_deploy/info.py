@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from vit_deploy.runtime.contract import model_role
-from vit_deploy.runtime.manifest import Manifest, is_finite_number
+from vit_deploy.runtime.manifest import Manifest
+from vit_deploy.runtime.manifest_parts import is_finite_number
 from vit_deploy.runtime.sizes import format_resolution
 
 

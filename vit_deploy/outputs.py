@@ -138,7 +138,7 @@ def write_features(session: Any, images: Sequence[Any], preprocess: Any,
     import numpy as np
 
     from vit_deploy.runtime.files import write_bytes_atomic
-    from vit_deploy.runtime.session import require_finite
+    from vit_deploy.runtime.results import require_finite
 
     names = [n for n in session.output_names if is_grid_output(n)]
     if not names:

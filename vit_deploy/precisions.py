@@ -26,7 +26,8 @@ from vit_deploy.runtime.contract import ACCURACY_MAX_DROP, PRECISION_FILES, PREC
 from vit_deploy.parity import ParityReport, compare, sample_inputs
 from vit_deploy.progress import Progress, silent
 from vit_deploy.quantize import QuantOptions, quantisable_layers, quantize_model
-from vit_deploy.runtime.manifest import FileEntry, Manifest, load_manifest
+from vit_deploy.runtime.manifest import Manifest, load_manifest
+from vit_deploy.runtime.manifest_parts import FileEntry
 from vit_deploy.runtime.providers import captured_stderr
 from vit_deploy.runtime.session import ViTSession
 from vit_deploy.runtime.sizes import merge_fits

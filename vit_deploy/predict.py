@@ -17,7 +17,9 @@ from vit_deploy.outputs import write_features
 from vit_deploy.runtime.contract import LOGITS_NAME
 from vit_deploy.runtime.manifest import dumps_strict
 from vit_deploy.runtime.providers import short_name
-from vit_deploy.runtime.session import Prediction, RuntimeOptions, ViTSession
+from vit_deploy.runtime.ort_session import RuntimeOptions
+from vit_deploy.runtime.results import Prediction
+from vit_deploy.runtime.session import ViTSession
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,13 +22,8 @@ kept); adding a target again replaces that target's files.
 from __future__ import annotations
 
 import dataclasses
-import logging
-import os
 import shutil
-import subprocess
-import sys
-import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,15 +34,17 @@ from vit_deploy.runtime.files import link_or_copy
 from vit_deploy.runtime.swap import staging_directory, writer_lock
 from vit_deploy.atomic import atomic_directory
 from vit_deploy.runtime.contract import BUCKET_POLICIES, TARGETS, TARGETS_DIR
+from vit_deploy.ort_tools import ORT_FORMAT_LEVEL, _to_ort, mobile_check
 from vit_deploy.outputs import OutputSelection
 from vit_deploy.parity import ParityReport, batch_independence, compare, sample_inputs
 from vit_deploy.progress import Progress, silent
 from vit_deploy.quantize import QuantOptions, linear_layers, quantize_model
-from vit_deploy.info import mobile_lines
-from vit_deploy.runtime.manifest import (BucketGraph, FileEntry, Manifest, TargetSpec,
-                                         load_manifest)
-from vit_deploy.runtime.session import RuntimeOptions, ViTSession
+from vit_deploy.runtime.manifest import Manifest, load_manifest
+from vit_deploy.runtime.manifest_parts import BucketGraph, FileEntry, TargetSpec
+from vit_deploy.runtime.ort_session import RuntimeOptions
+from vit_deploy.runtime.session import ViTSession
 from vit_deploy.runtime.sizes import format_resolution, guard_memory, require_patch_multiple
+from vit_deploy.target_report import GraphResult, TargetReport
 
 # (precisions always built, precisions built when the bundle has them)
 TARGET_PRECISIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -57,10 +54,6 @@ TARGET_PRECISIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "npu": (("int8-static",), ()),
     "tensorrt": (("fp32", "fp16"), ()),
 }
-# ORT format: the converter's optimisation level. Mobile keeps standard ops (level basic,
-# what ORT's mobile checker judges), so NNAPI / CoreML can take the nodes; web runs on the
-# WASM CPU kernels, which take ORT's fused contrib ops (level all).
-ORT_FORMAT_LEVEL = {"mobile": "basic", "web": "all"}
 MOBILE_CHECK = ("mobile", "npu")  # targets whose graphs ORT's mobile checker judges
 PARITY_SEED = 7
 MAX_BUCKETS = 16
@@ -86,76 +79,6 @@ class TargetOptions:
             raise ValueError(f"batch must be 1..64, got {self.batch}")
         if self.policy not in BUCKET_POLICIES:
             raise ValueError(f"policy must be one of {list(BUCKET_POLICIES)}, got {self.policy!r}")
-
-
-@dataclass
-class GraphResult:
-    resolution: tuple[int, int]
-    precision: str
-    file: str
-    parity: ParityReport
-    nodes: int
-    ort_file: str | None = None
-    ort_parity: ParityReport | None = None
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return bool(self.parity) and (self.ort_parity is None or bool(self.ort_parity))
-
-    def to_dict(self) -> dict[str, Any]:
-        worst = lambda r: {"max_abs": max(c.max_abs for c in r.cases),  # noqa: E731
-                           "cosine": min(c.cosine for c in r.cases), "passed": bool(r)}
-        return {"resolution": list(self.resolution), "precision": self.precision,
-                "file": self.file, "nodes": self.nodes, "passed": self.passed,
-                "parity": worst(self.parity) | {"cases": self.parity.to_dict()["cases"],
-                                                 "checks": self.parity.to_dict()["checks"]},
-                "ort_file": self.ort_file,
-                "ort_parity": worst(self.ort_parity) if self.ort_parity else None,
-                "notes": list(self.notes)}
-
-
-@dataclass
-class TargetReport:
-    bundle: str
-    target: str
-    batch: int
-    results: list[GraphResult]
-    record: dict[str, Any]
-
-    @property
-    def failed(self) -> list[GraphResult]:
-        return [r for r in self.results if not r.passed]
-
-    def __bool__(self) -> bool:
-        return not self.failed
-
-    def __rich__(self) -> Any:
-        from rich.console import Group
-        from rich.table import Table
-
-        table = Table("bucket", "precision", "nodes", "max|Δ| vs torch", "cosine", ".ort max|Δ|",
-                      "result", title=f"target {self.target} (batch {self.batch}) vs PyTorch",
-                      title_justify="left")
-        for r in self.results:
-            table.add_row(format_resolution(r.resolution), r.precision, str(r.nodes),
-                          f"{max(c.max_abs for c in r.parity.cases):.2e}",
-                          f"{min(c.cosine for c in r.parity.cases):.7f}",
-                          f"{max(c.max_abs for c in r.ort_parity.cases):.2e}" if r.ort_parity
-                          else "-", "ok" if r.passed else "[red]FAIL, not written[/]")
-        lines: list[Any] = [table]
-        lines += mobile_lines(self.record.get("mobile_check"))
-        fmt = self.record.get("ort_format")
-        if fmt:
-            lines.append(f"ORT format: {fmt['files']} file(s), opset {fmt['opset']}, IR "
-                         f"{fmt['ir_version']}, converted by onnxruntime {fmt['onnxruntime']} "
-                         f"(level {fmt['optimization_level']}); {fmt['loads_in']}")
-        for r in self.results:
-            lines += [f"{format_resolution(r.resolution)} {r.precision}: {n}" for n in r.notes]
-        if self.failed:
-            lines.append(f"[red]{len(self.failed)} graph(s) failed the tolerance policy and were "
-                         f"not written[/]")
-        return Group(*lines)
 
 
 def add_target(bundle: str | Path, options: TargetOptions, *,
@@ -326,78 +249,6 @@ def _measure(stage: Path, name: str, hw: tuple[int, int], precision: str, x: np.
     return result
 
 
-def _to_ort(stage: Path, folder: str, results: list[GraphResult],
-            target: str) -> tuple[str, dict[str, Any]]:
-    """ORT's own converter over the target's passing graphs: one .ort per graph and one
-    required_operators config for a reduced-operator build."""
-    import onnxruntime as ort
-
-    level = ORT_FORMAT_LEVEL[target]
-    with tempfile.TemporaryDirectory() as tmp:
-        src, out = Path(tmp) / "in", Path(tmp) / "out"
-        src.mkdir()
-        for r in results:
-            link_or_copy(stage / r.file, src / Path(r.file).name)
-        env = {**os.environ, "ORT_CONVERT_ONNX_MODELS_TO_ORT_OPTIMIZATION_LEVEL": level}
-        run = subprocess.run([sys.executable, "-m", "onnxruntime.tools.convert_onnx_models_to_ort",
-                              str(src), "--output_dir", str(out), "--optimization_style", "Fixed",
-                              "--target_platform", "arm"], capture_output=True, text=True,
-                             env=env, timeout=3600)
-        if run.returncode != 0:
-            raise RuntimeError(f"onnxruntime's ORT-format converter failed: "
-                               f"{(run.stderr or run.stdout).strip().splitlines()[-1:]}")
-        for r in results:
-            produced = sorted(out.glob(f"{Path(r.file).stem}*.ort"))
-            if len(produced) != 1:
-                raise RuntimeError(f"the converter wrote {len(produced)} .ort files for {r.file}")
-            r.ort_file = f"{folder}/{produced[0].name}"
-            shutil.move(str(produced[0]), stage / r.ort_file)
-        configs = sorted(out.glob("required_operators*.config"))
-        if len(configs) != 1:
-            raise RuntimeError(f"the converter wrote {len(configs)} operator configs")
-        ops_file = f"{folder}/{configs[0].name}"
-        lines = [line if not line.startswith("# - ") else f"# - {Path(line[4:]).name}"
-                 for line in configs[0].read_text().splitlines()]  # no temp paths in the bundle
-        (stage / ops_file).write_text("\n".join(lines) + "\n")
-    proto = onnx.load(str(stage / results[0].file), load_external_data=False)
-    opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
-    return ops_file, {"files": len(results), "optimization_level": level, "style": "Fixed",
-                      "target_platform": "arm", "onnxruntime": ort.__version__, "opset": opset,
-                      "ir_version": proto.ir_version,
-                      "loads_in": f"each .ort loaded and checked in onnxruntime {ort.__version__} "
-                                  f"here; ORT loads ORT-format files of its own release or older, "
-                                  f"so use onnxruntime >= {ort.__version__} (full or mobile build "
-                                  f"with the listed operators)"}
-
-
-def mobile_check(path: Path) -> dict[str, dict[str, Any]]:
-    """ORT's own mobile usability checker (the code behind `python -m
-    onnxruntime.tools.check_onnx_model_mobile_usability`) on one graph, as it judges it:
-    optimised to level basic first, shapes as they are in the file."""
-    from onnxruntime.tools.mobile_helpers import usability_checker as uc
-    from onnxruntime.tools.onnx_model_utils import ModelProtoWithShapeInfo, optimize_model
-
-    checks = {"NNAPI": uc.check_nnapi_partitions,
-              "CoreML MLProgram": lambda m, fixed: uc.check_coreml_partitions(
-                  m, fixed, "coreml_supported_mlprogram_ops.md"),
-              "CoreML NeuralNetwork": lambda m, fixed: uc.check_coreml_partitions(
-                  m, fixed, "coreml_supported_neuralnetwork_ops.md")}
-    logging.getLogger("usability_checker").setLevel(logging.ERROR)
-    with tempfile.TemporaryDirectory() as tmp:
-        optimised = Path(tmp) / Path(path).name
-        optimize_model(Path(path), optimised, use_external_initializers=True)
-        model = ModelProtoWithShapeInfo(optimised).model_with_shape_info
-        out = {}
-        for ep, check in checks.items():
-            info = check(model, True)
-            out[ep] = {"nodes": info.num_nodes, "supported_nodes": info.num_supported_nodes,
-                       "partitions": info.num_partitions,
-                       "unsupported_ops": sorted(info.unsupported_ops),
-                       "dynamic_shape_nodes": info.nodes_unsupported_due_to_dynamic_input,
-                       "verdict": info.suitability().name}
-    return out
-
-
 def _rewrite(bundle: Path, manifest: Manifest, spec: TargetSpec, stage: Path) -> None:
     """The bundle with `spec` swapped in atomically: the files the manifest lists are
     linked over (an older version of this target's files dropped), the new ones moved in."""
@@ -426,4 +277,4 @@ def parse_buckets(text: str) -> tuple[tuple[int, int], ...]:
     return tuple(parse_resolution(v) for v in items)
 
 
-__all__ = ["TargetOptions", "TargetReport", "add_target", "mobile_check", "parse_buckets"]
+__all__ = ["TargetOptions", "add_target", "parse_buckets"]

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from vit_deploy.runtime.contract import BUNDLE_FORMAT_VERSION, MANIFEST_NAME
 from vit_deploy.runtime import BundleError, ViTSession
-from vit_deploy.runtime.manifest import FileEntry, Manifest, dumps_strict, load_manifest
-from vit_deploy.runtime.session import RuntimeOptions
+from vit_deploy.runtime.manifest import Manifest, dumps_strict, load_manifest
+from vit_deploy.runtime.manifest_parts import FileEntry
+from vit_deploy.runtime.ort_session import RuntimeOptions
 
 V1 = Path(__file__).parent.parent / "data" / "manifest-v1.json"
 

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from vit_deploy.runtime.manifest import BucketGraph, TargetSpec, load_manifest
+from vit_deploy.runtime.manifest import load_manifest
+from vit_deploy.runtime.manifest_parts import BucketGraph, TargetSpec
 from vit_deploy.runtime.providers import Provider, parse_providers
 from vit_deploy.runtime.tensorrt import (Profile, cache_key, dynamic_profile, static_profile,
                                          tensorrt_defaults, tensorrt_options)

@@ -28,8 +28,9 @@ from vit_deploy.cli import main
 from vit_deploy.runtime.config import ViTConfig
 from vit_deploy.runtime.contract import MANIFEST_NAME, MODEL_FILE, WEIGHTS_FILE
 from vit_deploy.runtime import BundleError, InputError, Preprocess, RuntimeOptions, ViTSession
-from vit_deploy.runtime.manifest import FileEntry, Manifest, bundle_path, load_manifest
-from vit_deploy.runtime.session import OutputError
+from vit_deploy.runtime.manifest import Manifest, bundle_path, load_manifest
+from vit_deploy.runtime.manifest_parts import FileEntry
+from vit_deploy.runtime.results import OutputError
 
 NO_VERIFY = RuntimeOptions(verify=False)
 BUCKET = "targets/cpu/fp32-32x32.onnx"

@@ -69,7 +69,8 @@ def bench(paths: tuple[Path, ...], providers: str, precisions: tuple[str, ...],
     """
     from rich.progress import Progress
 
-    from vit_deploy.bench import BenchOptions, compare_reports, run_bench
+    from vit_deploy.bench import BenchOptions, run_bench
+    from vit_deploy.bench_compare import compare_reports
     from vit_deploy.reports import save_report
 
     outputs = {"--json": json_out, "--csv": csv_out, "--plot": plot_out}

@@ -21,7 +21,8 @@ from vit_deploy.runtime.config import ViTConfig
 from vit_deploy.export.model import ViT, numpy_forward, reference_model
 from vit_deploy.outputs import OutputSelection, output_shape, select_outputs
 from vit_deploy.parity import ParityError, ParityReport, batch_independence, compare, sample_inputs
-from vit_deploy.runtime.manifest import FileEntry, IOSpec, Manifest, PreprocessSpec, TensorSpec
+from vit_deploy.runtime.manifest import Manifest
+from vit_deploy.runtime.manifest_parts import FileEntry, IOSpec, PreprocessSpec, TensorSpec
 from vit_deploy.runtime.providers import short_name
 from vit_deploy.runtime.session import ViTSession
 from vit_deploy.progress import Progress, silent

@@ -6,11 +6,13 @@
         top = s.predict(["cat.jpg"], top_k=5)
 """
 
-from vit_deploy.runtime.manifest import BundleError, Manifest, load_manifest
+from vit_deploy.runtime.manifest import Manifest, load_manifest
+from vit_deploy.runtime.manifest_parts import BundleError
 from vit_deploy.runtime.preprocess import ImageError, Preprocess, load_image
 from vit_deploy.runtime.providers import ProviderError, available, parse_providers, probe
-from vit_deploy.runtime.session import (Classified, InputError, Prediction, RuntimeOptions,
-                                        ViTSession, softmax)
+from vit_deploy.runtime.ort_session import RuntimeOptions
+from vit_deploy.runtime.results import Classified, Prediction, softmax
+from vit_deploy.runtime.session import InputError, ViTSession
 
 __all__ = ["BundleError", "Classified", "ImageError", "InputError", "Manifest", "Prediction", "Preprocess",
            "ProviderError", "RuntimeOptions", "ViTSession", "available", "load_image",

@@ -27,7 +27,8 @@ import numpy as np
 import onnxruntime as ort
 
 from vit_deploy.runtime.contract import BUCKET_POLICIES
-from vit_deploy.runtime.manifest import BundleError, Manifest, TargetSpec, bundle_path
+from vit_deploy.runtime.manifest import Manifest, bundle_path
+from vit_deploy.runtime.manifest_parts import BundleError, TargetSpec
 from vit_deploy.runtime.preprocess import Preprocess, group_by_shape, load_image
 
 ASPECT_TIE = 1e-9  # log-aspect differences below this are ties

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from pathlib import Path
 
-from vit_deploy.runtime.manifest import BundleError
+from vit_deploy.runtime.manifest_parts import BundleError
 
 # Both batch-coupling ops (DynamicQuantizeLinear, DynamicQuantizeMatMul) contain this name;
 # each needle costs a full pass over the file (0.12 s for ViT-B/16 fp32).
