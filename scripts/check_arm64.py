@@ -241,9 +241,27 @@ def base_requirements(wheel: Path) -> list[str]:
     return sorted(set(reqs))
 
 
-def chroot(rootfs: Path, *cmd: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+def chroot(rootfs: Path, *cmd: str, env: Mapping[str, str] = {},
+           timeout: float = 1800) -> subprocess.CompletedProcess:
+    """`cmd` in the root file system, in a clean environment (no /proc, no /sys)."""
     return run(["chroot", str(rootfs), "/usr/bin/env", "-i",
-                *(f"{k}={v}" for k, v in CHROOT_ENV.items()), *cmd], timeout=timeout)
+                *(f"{k}={v}" for k, v in {**CHROOT_ENV, **env}.items()), *cmd], timeout=timeout)
+
+
+def network_env(rootfs: Path) -> dict[str, str]:
+    """What pip inside needs to reach PyPI the way this machine does: names (resolv.conf),
+    this machine's certificate authorities (a proxy may re-sign TLS) and its proxies."""
+    shutil.copy2("/etc/resolv.conf", rootfs / "etc/resolv.conf")
+    env = {k: v for k, v in os.environ.items()
+           if k.lower() in ("http_proxy", "https_proxy", "no_proxy")}
+    bundle = next((Path(os.environ[k]) for k in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")
+                   if os.environ.get(k) and Path(os.environ[k]).is_file()),
+                  Path("/etc/ssl/certs/ca-certificates.crt"))
+    if bundle.is_file():
+        inside = "/etc/ssl/certs/vit-deploy-host-ca.crt"
+        shutil.copy2(bundle, rootfs / inside.lstrip("/"))
+        env["PIP_CERT"] = inside
+    return env
 
 
 def install_runtime(rootfs: Path, wheel: Path) -> dict[str, float]:
@@ -251,7 +269,6 @@ def install_runtime(rootfs: Path, wheel: Path) -> dict[str, float]:
     (aarch64 wheels; kept between runs while the requirements are the same), then this
     checkout's wheel."""
     times = {}
-    shutil.copy2("/etc/resolv.conf", rootfs / "etc/resolv.conf")  # pip needs names
     venv = rootfs / CHROOT_VENV.lstrip("/")
     reqs = base_requirements(wheel)
     stamp = venv / ".vit-deploy-requirements"
@@ -259,7 +276,8 @@ def install_runtime(rootfs: Path, wheel: Path) -> dict[str, float]:
         log(f"installing the base requirements on aarch64 (~2.5 min): {' '.join(reqs)}")
         t0 = time.perf_counter()
         chroot(rootfs, "/usr/bin/python3", "-m", "venv", "--clear", CHROOT_VENV)
-        chroot(rootfs, f"{CHROOT_VENV}/bin/pip", "install", "--quiet", "--only-binary=:all:", *reqs)
+        chroot(rootfs, f"{CHROOT_VENV}/bin/pip", "install", "--quiet", "--only-binary=:all:", *reqs,
+               env=network_env(rootfs))
         stamp.write_text("\n".join(reqs) + "\n")
         times["pip install (aarch64, emulated)"] = time.perf_counter() - t0
     inside = Path("/tmp") / wheel.name
@@ -342,7 +360,7 @@ def main(argv: list[str] | None = None, *, compare: Callable[..., list[Row]] = c
     (out / "report.json").write_text(json.dumps(report.to_dict(), indent=2))
     (out / "report.md").write_text(report.markdown())
     from rich.console import Console
-    Console().print(report)
+    Console(width=None if sys.stdout.isatty() else 160).print(report)  # a log keeps every column
     m = report.machine
     print(f"aarch64: Python {m['aarch64']['python']}, onnxruntime {m['aarch64']['onnxruntime']}, "
           f"int8 kernel {m['aarch64']['int8_kernel']}; host: {m['host_cpu']} ({m['host_int8_kernel']}); "
