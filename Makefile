@@ -8,7 +8,7 @@ SYSTEM_STAMP := $(VENV)/.system-packages
 
 ARGS ?= --patch 16 --res 448
 
-.PHONY: setup export test gpu-check clean
+.PHONY: setup export test gpu-check check-arm64 clean
 
 setup: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP)
 
@@ -51,6 +51,12 @@ test: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP)
 ## gpu-check OUT=dir: on a CUDA machine, check and bench cuda / tensorrt, reports into OUT
 gpu-check: $(STAMP)
 	BIN=$(BIN) scripts/gpu_check.sh $(OUT)
+
+## check-arm64 [OUT=dir]: the runtime on aarch64 (Debian under qemu-user-static, root file
+## system built once per machine in ~/.cache/vit-deploy), against x86_64 and PyTorch; needs
+## root, binfmt_misc and debootstrap, and fails (exit 3) where they are missing
+check-arm64: $(STAMP)
+	BIN=$(BIN) scripts/check_arm64.sh $(if $(OUT),--out $(OUT))
 
 clean:
 	rm -rf $(VENV) vit-*/ .pytest_cache web/node_modules
