@@ -25,9 +25,11 @@ export: $(STAMP)
 
 # The JavaScript runtime's packages (onnxruntime-web / -node, pinned by the lockfile; the
 # CUDA download of onnxruntime-node needs a network, so it is skipped: its CPU binding is in
-# the package).
+# the package), and node_modules/vit-deploy -> web/, so the examples import the package by
+# its name, as an app that installed it does.
 $(WEB_STAMP): web/package.json web/package-lock.json
 	cd web && ONNXRUNTIME_NODE_INSTALL=skip npm ci --no-audit --no-fund --loglevel=error
+	mkdir -p node_modules && ln -sfn ../web node_modules/vit-deploy
 	touch $(WEB_STAMP)
 
 # Debian's packages the tests run: chromium (the browser test) and qemu-user (int8 on an
@@ -59,4 +61,4 @@ check-arm64: $(STAMP)
 	BIN=$(BIN) scripts/check_arm64.sh $(if $(OUT),--out $(OUT))
 
 clean:
-	rm -rf $(VENV) vit-*/ .pytest_cache web/node_modules
+	rm -rf $(VENV) vit-*/ .pytest_cache web/node_modules node_modules

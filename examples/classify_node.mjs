@@ -1,12 +1,13 @@
-// Classify images with a bundle in Node: the same module as the browser's, over
-// onnxruntime-node (installed by `make setup`: npm ci in web/).
+// Classify images with a bundle in Node: the npm package `vit-deploy` (the same module as
+// the browser's), over onnxruntime-node. In an app: `npm install vit-deploy`; in this
+// repository `make setup` links node_modules/vit-deploy to web/, as npm would.
 //
 //   node examples/classify_node.mjs BUNDLE IMAGE... [--precision int8] [--top-k 5] [--threads 2]
 //
 // IMAGE: PNG or JPEG. The preprocessing is the manifest's, as in Python's `vit-deploy predict`.
 import { parseArgs } from 'node:util';
 
-import { ViT } from '../web/src/vit-deploy.mjs';
+import { ViT } from 'vit-deploy';
 
 const usage = 'usage: node examples/classify_node.mjs BUNDLE IMAGE... [--precision P] [--top-k K] [--threads N]';
 let args;

@@ -206,19 +206,28 @@ def test_node_module_matches_python(fixtures):
     assert failed == 0 and passed >= 10, r.stdout[-3000:]
 
 
-def test_example_script_classifies_with_labels(fixtures):
+def _app_with_example(tmp_path: Path) -> Path:
+    """examples/classify_node.mjs in an app whose node_modules/vit-deploy is web/ (linked, as
+    `npm link` or make setup's link leaves it): the example imports the package by name."""
+    (tmp_path / "node_modules").mkdir()
+    (tmp_path / "node_modules" / "vit-deploy").symlink_to(WEB, target_is_directory=True)
+    shutil.copy(ROOT / "examples" / "classify_node.mjs", tmp_path / "classify_node.mjs")
+    return tmp_path / "classify_node.mjs"
+
+
+def test_example_script_classifies_with_labels(fixtures, tmp_path):
     node = _node()
-    r = subprocess.run([node, str(ROOT / "examples" / "classify_node.mjs"),
-                        str(fixtures / "bundle"), str(IMAGES / "hopper-wide.png"), "--top-k",
-                        "3"], capture_output=True, text=True, timeout=120, check=False)
+    example = _app_with_example(tmp_path)
+    r = subprocess.run([node, str(example), str(fixtures / "bundle"),
+                        str(IMAGES / "hopper-wide.png"), "--top-k", "3"],
+                       capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
     index = json.loads((fixtures / "index.json").read_text())
     want = next(e for e in index["logits"] if e["image"] == "hopper-wide.png"
                 and e["precision"] == "fp32")
     assert want["top"][0]["label"] in r.stdout.splitlines()[1]
     assert "cpu" in r.stdout
-    bad = subprocess.run([node, str(ROOT / "examples" / "classify_node.mjs"),
-                          str(fixtures / "bundle"), str(IMAGES / "nope.png")],
+    bad = subprocess.run([node, str(example), str(fixtures / "bundle"), str(IMAGES / "nope.png")],
                          capture_output=True, text=True, timeout=120, check=False)
     assert bad.returncode != 0 and "nope.png" in bad.stderr and "at " not in bad.stderr
 

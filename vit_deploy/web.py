@@ -6,7 +6,8 @@ preview server that sends what multi-threaded WebAssembly needs.
     SITE/
       index.html          the demo page: pick or drop an image, top-k, latency, backend
       vit-deploy.mjs      the runtime's entry (web/src/vit-deploy.mjs): load, classify, run
-      browser.mjs         the browser's own entry (the same API, nothing of Node's)
+      browser.mjs         the browser's own entry (the same API, nothing of Node's): the
+                          page imports it by the package's name, 'vit-deploy' (import map)
       lib/                the modules both import (web/src/lib, less Node's platform module)
       bundle/             manifest.json, the chosen model files (+ external data),
                           web.json (precisions, threads, external data, sizes)
@@ -14,7 +15,8 @@ preview server that sends what multi-threaded WebAssembly needs.
       manifest.json       every file's sha256 (so a re-run may replace the site)
 
 The JavaScript lives in the repository's web/ (`npm ci` there installs the pinned
-onnxruntime-web the site copies); VIT_DEPLOY_WEB_DIR points elsewhere.
+onnxruntime-web the site copies); VIT_DEPLOY_WEB_DIR points elsewhere, e.g. at the npm
+package `vit-deploy` installed in an app (node_modules/vit-deploy).
 """
 
 from __future__ import annotations
@@ -132,6 +134,13 @@ class WebSources:
 
     @property
     def ort_dist(self) -> Path:
+        """onnxruntime-web's dist/, found as Node finds a dependency: in root/node_modules
+        (the repository's web/ after npm ci), else in the node_modules of a directory above
+        (the npm package installed in an app, whose dependencies npm puts beside it)."""
+        for base in (self.root, *self.root.parents):
+            dist = base / "node_modules" / "onnxruntime-web" / "dist"
+            if base.name != "node_modules" and dist.is_dir():
+                return dist
         return self.root / "node_modules" / "onnxruntime-web" / "dist"
 
     def pinned_ort_version(self) -> str:

@@ -3,7 +3,7 @@
 // Node entry (node.mjs); vit-deploy.mjs picks one of the two where it runs. Imports nothing
 // of Node's, so a bundler can take it as it is.
 //
-//   import { ViT } from './browser.mjs';   // or 'vit-deploy-web' (package.json "exports")
+//   import { ViT } from 'vit-deploy';   // package.json "exports": browser -> this file
 //   const vit = await ViT.load('bundle/', { precision: 'fp32', threads: 2 });
 //   const { top } = await vit.classify(fileOrBlobOrUrl);
 import * as platform from './lib/platform-browser.mjs';

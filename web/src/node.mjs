@@ -2,7 +2,7 @@
 // URLs, PNG / JPEG decoded with pngjs and jpeg-js. The same API as the browser's entry
 // (browser.mjs); vit-deploy.mjs picks one of the two where it runs.
 //
-//   import { ViT } from 'vit-deploy-web';   // package.json "exports": node -> this file
+//   import { ViT } from 'vit-deploy';   // package.json "exports": node -> this file
 //   const vit = await ViT.load('path/to/bundle', { precision: 'int8', threads: 2 });
 //   const { top } = await vit.classify('image.jpg');
 import * as platform from './lib/platform-node.mjs';

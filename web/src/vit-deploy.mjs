@@ -5,7 +5,7 @@
 // RGB pixels (the resize is Pillow's, written out in lib/resample.mjs; a canvas `drawImage`
 // filter is unspecified, so the canvas is only used to decode).
 //
-//   import { ViT } from './vit-deploy.mjs';
+//   import { ViT } from 'vit-deploy';   // the npm package; a site's copy: './vit-deploy.mjs'
 //   const vit = await ViT.load('bundle/', { precision: 'fp32', threads: 2 });
 //   const { top } = await vit.classify(fileOrBlobOrUrl);   // [{ index, label, probability }]
 //   const logits = await vit.run(pixels, [1, 3, 224, 224]); // raw logits, Float32Array

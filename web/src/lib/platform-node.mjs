@@ -93,7 +93,8 @@ export async function loadOrt(backend) {
   try {
     return { ort: await import('onnxruntime-node'), backend: 'cpu' };
   } catch (e) {
-    throw new Error(`onnxruntime-node is not installed here (${e.message}); run npm ci in web/`);
+    throw new Error(`onnxruntime-node is not installed here (${e.message}): it comes with ` +
+      '`npm install vit-deploy` (in the repository: make setup)');
   }
 }
 

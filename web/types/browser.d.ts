@@ -1,0 +1,28 @@
+// The browser entry (src/browser.mjs, the "browser" condition of package.json's "exports"):
+// onnxruntime-web on WebGPU or WebAssembly, images decoded by the browser.
+import type { InferenceSession } from 'onnxruntime-web';
+
+import type { CpuFacts, Int8Cpu, LoadOptions, Pixels, ViTMethods } from './common.js';
+
+export * from './common.js';
+
+/** What the browser decodes (at the image's own size, EXIF orientation applied, no colour
+ * conversion), or decoded pixels (ImageData is one). */
+export type ImageInput = Blob | string | URL | ArrayBuffer | ArrayBufferView | HTMLImageElement |
+  ImageBitmap | HTMLCanvasElement | OffscreenCanvas | ImageData | Pixels;
+
+/** A bundle loaded for inference in the browser: `ViT.load(url)` makes one. */
+export interface ViT extends ViTMethods<ImageInput> {
+  readonly session: InferenceSession | null;
+}
+export declare class ViT {
+  /** Load the bundle at `source`, a URL of its directory (relative: to the page). */
+  static load(source: string | URL, options?: LoadOptions): Promise<ViT>;
+}
+
+/** An image as pixels: { data, width, height, channels }. */
+export declare function decodeImage(image: ImageInput): Promise<Pixels>;
+/** The URL of file `name` of the bundle at `base`: BundleError unless it stays inside it. */
+export declare function bundleFile(base: URL, name: string, what?: string): Promise<URL>;
+/** Always null in the browser: WebAssembly's int8 kernels are exact on every CPU. */
+export declare function int8Warning(need: Int8Cpu | null, facts?: CpuFacts): Promise<string | null>;

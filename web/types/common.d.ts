@@ -1,0 +1,266 @@
+// What every entry declares alike (src/lib/api.mjs's names, and the shapes ViT works with).
+// Each entry's declarations (node.d.ts, browser.d.ts, vit-deploy.d.ts) re-export these and
+// declare ViT, decodeImage, bundleFile and int8Warning for its own platform's images.
+
+// -- the bundle contract (src/lib/common.mjs; Python's, as tests/test_web_constants.py checks)
+export declare const BUNDLE_FORMAT: 'vit-deploy-bundle';
+/** The newest manifest format this runtime reads. */
+export declare const BUNDLE_FORMAT_VERSION: number;
+export type ResizeRule = 'shorter_side_center_crop' | 'patch_multiple';
+export type Interpolation = 'bicubic' | 'bilinear' | 'nearest' | 'lanczos';
+export declare const RESIZE_RULES: ResizeRule[];
+export declare const INTERPOLATIONS: Interpolation[];
+/** Pillow's decompression-bomb bound, as in Python. */
+export declare const MAX_PIXELS: number;
+/** The longest side a resize rule may give the model input. */
+export declare const MAX_SIDE: number;
+/** What `vit-deploy web` adds beside the manifest. */
+export declare const WEB_RECORD: 'web.json';
+export declare const LOGITS: 'logits';
+export declare const PATCH_TOKENS: 'patch_tokens';
+export declare const MAX_ABS_MEAN: number;
+export declare const MIN_STD: number;
+export declare const MAX_STD: number;
+export declare const MIN_SCALE: number;
+export declare const MAX_SCALE: number;
+/** x86 CPU flags whose int8 kernels are exact with 8-bit weights. */
+export declare const X86_INT8_EXACT: string[];
+/** The CPUs an int8 file may declare it is exact on. */
+export type Int8Cpu = 'any' | 'vnni';
+export declare const INT8_CPUS: Int8Cpu[];
+/** Outputs laid out on the patch grid, [batch, width, gh, gw]: patch_tokens and layer_N. */
+export declare function isGridOutput(name: string): boolean;
+
+// -- errors ---------------------------------------------------------------------------------
+/** A bundle that cannot be used: says which file and why. */
+export declare class BundleError extends Error {
+  constructor(message: string);
+  name: 'BundleError';
+}
+/** An input that is not a usable image: says which one and why. */
+export declare class ImageError extends Error {
+  constructor(message: string);
+  name: 'ImageError';
+}
+/** A model output that is no result (NaN or ±Inf): says which output and how many. */
+export declare class OutputError extends Error {
+  constructor(message: string);
+  name: 'OutputError';
+}
+
+// -- pixels and preprocessing ----------------------------------------------------------------
+/** Decoded pixels, RGBA (as ImageData) or RGB, row-major. */
+export interface Pixels {
+  data: Uint8Array | Uint8ClampedArray;
+  width: number;
+  height: number;
+  /** 4 (RGBA) or 3 (RGB); default: what data's length says. */
+  channels?: 3 | 4;
+}
+/** RGB pixels, 3 bytes a pixel. */
+export interface RGB {
+  data: Uint8Array;
+  width: number;
+  height: number;
+}
+/** A model input: float32 NCHW values and their dims [1, 3, H, W]. */
+export interface Tensor4 {
+  data: Float32Array;
+  dims: number[];
+}
+
+/** How pixels become model input (the fields of Python's `Preprocess`). */
+export interface PreprocessFields {
+  resolution: [number, number];
+  patchSize: number;
+  mean: number[];
+  std: number[];
+  resize: ResizeRule;
+  interpolation: Interpolation;
+  scale: number;
+}
+/** What a caller may replace of the manifest's preprocessing (undefined / null: kept). */
+export interface PreprocessOverrides {
+  resolution?: number | [number, number] | null;
+  patchSize?: number | null;
+  mean?: number[] | null;
+  std?: number[] | null;
+  resize?: ResizeRule | null;
+  interpolation?: Interpolation | null;
+  scale?: number | null;
+}
+
+/** vit_deploy/runtime/preprocess.py in JavaScript: the same tensor as Python, bit for bit. */
+export declare class Preprocess implements Readonly<PreprocessFields> {
+  constructor(fields: Omit<PreprocessFields, 'resolution' | 'resize' | 'interpolation' | 'scale'> & {
+    resolution: number | [number, number];
+    resize?: ResizeRule;
+    interpolation?: Interpolation;
+    scale?: number;
+  });
+  readonly resolution: [number, number];
+  readonly patchSize: number;
+  readonly mean: number[];
+  readonly std: number[];
+  readonly resize: ResizeRule;
+  readonly interpolation: Interpolation;
+  readonly scale: number;
+  /** The manifest's preprocessing with `overrides` applied. */
+  static fromManifest(manifest: Manifest, overrides?: PreprocessOverrides): Preprocess;
+  /** [H, W] the image will have after resizing (and cropping). */
+  targetSize(width: number, height: number): [number, number];
+  /** The target size and the size resized to before the crop; an ImageError when too big. */
+  plan(width: number, height: number): { target: [number, number]; resized: [number, number] };
+  /** Decoded pixels -> { data: Float32Array (3, H, W), dims: [1, 3, H, W] }. */
+  tensor(image: Pixels): Tensor4;
+}
+/** RGBA or RGB pixels -> RGB, alpha composited on white (Pillow's formula). */
+export declare function toRGB(image: Pixels): RGB;
+/** Python's round(): halves to even. For x >= 0. */
+export declare function pyRound(x: number): number;
+/** RGB bytes, inW x inH -> outW x outH, as Pillow's Image.resize with this filter. */
+export declare function resize(pixels: Uint8Array, inW: number, inH: number, outW: number,
+  outH: number, interpolation?: Interpolation): Uint8Array;
+/** The EXIF Orientation tag (1..8) of JPEG bytes; 1 when there is none. */
+export declare function exifOrientation(bytes: ArrayBufferView): number;
+/** Pixels turned upright by an EXIF orientation, as Pillow's ImageOps.exif_transpose. */
+export declare function orient<P extends Pixels>(image: P, orientation: number): P | Required<Pixels>;
+
+// -- the manifest ------------------------------------------------------------------------------
+/** The parts of a bundle's manifest.json the runtime reads, checked (readManifest). */
+export interface Manifest {
+  name: string;
+  patchSize: number;
+  dynamic: boolean;
+  /** The model input's name. */
+  input: string;
+  /** The model outputs' names, in order. */
+  outputs: string[];
+  /** precision -> model file, relative to the bundle. */
+  models: Record<string, string>;
+  /** precision -> the CPUs its int8 file is exact on; null when not int8. */
+  int8Cpu: Record<string, Int8Cpu | null>;
+  labels: string[] | null;
+  preprocess: PreprocessFields;
+}
+/** A manifest.json (parsed JSON) checked as Python's runtime/manifest.py; BundleError if not. */
+export declare function readManifest(json: unknown, where?: string): Manifest;
+/** Throws an Error unless mean, std (and scale) are usable normalisation values. */
+export declare function checkNormalization(mean: unknown, std: unknown,
+  options?: { channels?: number | null; scale?: unknown; what?: string }): void;
+/** The CPUs a precision's int8 file is exact on, or null when it is not int8 (raw manifest). */
+export declare function int8Cpu(manifest: unknown, precision: string): Int8Cpu | null;
+/** Whether an x86 CPU with these /proc/cpuinfo flags runs 8-bit int8 weights exactly;
+ * null when it cannot tell. */
+export declare function exactInt8(arch: string, flags: string[] | null): boolean | null;
+/** What int8Warning may be told instead of asking the platform. */
+export interface CpuFacts {
+  node?: boolean;
+  arch?: string;
+  flags?: string[] | null;
+}
+
+// -- results ---------------------------------------------------------------------------------
+/** Softmax in float64, as the Python runtime's. */
+export declare function softmax(logits: ArrayLike<number> & Iterable<number>): Float64Array;
+export interface TopClass {
+  index: number;
+  label: string | null;
+  probability: number;
+}
+/** The k most probable classes, ties by index. */
+export declare function topK(logits: ArrayLike<number> & Iterable<number>, k: number,
+  labels?: string[] | null): TopClass[];
+/** `values`, or an OutputError when they hold NaN or ±Inf. */
+export declare function requireFinite<T extends Iterable<number> & { length: number }>(values: T,
+  name: string): T;
+
+// -- the ViT class ----------------------------------------------------------------------------
+export type Precision = 'fp32' | 'fp16' | 'int8' | 'int8-static' | 'int4' | (string & {});
+export type Provider = 'cpu' | 'wasm' | 'webgpu';
+
+export interface LoadOptions {
+  /** Default 'fp32'. */
+  precision?: Precision;
+  /** Default: ONNX Runtime's, or what `vit-deploy web --threads` wrote. */
+  threads?: number;
+  /** Browser: 'auto' (WebGPU when offered, else WebAssembly), 'webgpu', 'wasm'; Node: 'cpu'. */
+  backend?: 'auto' | 'webgpu' | 'wasm' | 'cpu';
+  /** Browser: where onnxruntime-web's dist files are served (ort.wasm.min.mjs, .wasm, ...);
+   * default ./ort/ beside the entry module, as `vit-deploy web` lays a site out. */
+  ortBase?: string | URL;
+  /** External-data files beside the model; default: what `vit-deploy web` recorded. */
+  externalData?: string[];
+}
+
+export interface Info {
+  backend: 'onnxruntime-node' | 'onnxruntime-web';
+  /** Set when an int8 file needs a CPU this one may not be. */
+  cpuWarning: string | null;
+  provider: Provider;
+  precision: Precision;
+  threadsRequested: number | null;
+  threads: number | null;
+  /** Why fewer threads run than were asked for (browser). */
+  threadFallback: string | null;
+  /** Why WebGPU is not used (browser). */
+  fallback: string | null;
+  crossOriginIsolated: boolean | null;
+  ortVersion: string | null;
+  modelBytes: number | null;
+  downloadMs: number;
+  sessionMs: number;
+}
+
+export interface Timings {
+  decode: number;
+  preprocess: number;
+  run: number;
+}
+export interface Classification {
+  top: TopClass[];
+  logits: Float32Array;
+  /** [H, W] of the model input. */
+  inputSize: [number, number];
+  ms: Timings;
+  provider: Provider;
+}
+export interface Features {
+  /** [1, D, gh, gw], row-major. */
+  data: Float32Array;
+  dims: number[];
+  output: string;
+  inputSize: [number, number];
+  ms: Timings;
+  provider: Provider;
+}
+export interface Output {
+  data: Float32Array;
+  dims: number[];
+}
+
+/** A loaded bundle's methods: `Image` is what the platform decodes (Pixels everywhere). */
+export interface ViTMethods<Image> {
+  readonly manifest: Manifest;
+  readonly info: Info;
+  readonly precision: Precision;
+  /** The bundle's URL (a directory, with a trailing slash). */
+  readonly url: string;
+  readonly preprocess: Preprocess;
+  readonly labels: string[] | null;
+  /** The model's output names, in order. */
+  readonly outputNames: string[];
+  /** Raw logits (or a backbone's first output) for normalised pixels, dims [B, 3, H, W]. */
+  run(data: Float32Array, dims: number[]): Promise<Float32Array>;
+  /** Every output, or those named in `only`. */
+  runAll(data: Float32Array, dims: number[], only?: string[] | null): Promise<Record<string, Output>>;
+  /** The model input for an image (the manifest's preprocessing, with overrides). */
+  pixels(image: Image, overrides?: PreprocessOverrides): Promise<Tensor4>;
+  /** Classify one image; needs the bundle's `logits` output. */
+  classify(image: Image, options?: { topK?: number } & PreprocessOverrides): Promise<Classification>;
+  /** Dense features of one image: a grid output (patch_tokens or layer_N), resized with the
+   * rule patch_multiple. */
+  features(image: Image, options?: { output?: string } & PreprocessOverrides): Promise<Features>;
+  /** Free the ONNX Runtime session. */
+  release(): Promise<void>;
+}

@@ -1,0 +1,26 @@
+// The Node entry (src/node.mjs, the "node" condition of package.json's "exports"):
+// onnxruntime-node, bundles from paths or file: URLs, PNG / JPEG decoded in JavaScript.
+import type { InferenceSession } from 'onnxruntime-node';
+
+import type { CpuFacts, Int8Cpu, LoadOptions, Pixels, ViTMethods } from './common.js';
+
+export * from './common.js';
+
+/** What Node decodes: PNG or JPEG bytes, a path or file: URL to them, or decoded pixels. */
+export type ImageInput = string | URL | ArrayBuffer | ArrayBufferView | Pixels;
+
+/** A bundle loaded for inference in Node: `ViT.load(path)` makes one. */
+export interface ViT extends ViTMethods<ImageInput> {
+  readonly session: InferenceSession | null;
+}
+export declare class ViT {
+  /** Load the bundle at `source`: a directory path, a file: URL, or an http(s) URL. */
+  static load(source: string | URL, options?: LoadOptions): Promise<ViT>;
+}
+
+/** An image as pixels: { data, width, height, channels } (EXIF orientation applied). */
+export declare function decodeImage(image: ImageInput): Promise<Pixels>;
+/** The URL of file `name` of the bundle at `base`: BundleError unless it stays inside it. */
+export declare function bundleFile(base: URL, name: string, what?: string): Promise<URL>;
+/** A warning for running an int8 file exact on `need` here; null when exact or not int8. */
+export declare function int8Warning(need: Int8Cpu | null, facts?: CpuFacts): Promise<string | null>;
