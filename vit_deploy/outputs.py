@@ -101,7 +101,9 @@ def output_shape(cfg: ViTConfig, name: str,
         grid = (resolution[0] // cfg.patch_size, resolution[1] // cfg.patch_size)
     if name == LOGITS_NAME:
         return (BATCH_DIM, cfg.num_classes)
-    if name in (FEATURES_NAME, CLASS_TOKEN_NAME):
+    if name == FEATURES_NAME:
+        return (BATCH_DIM, cfg.pooled_dim)
+    if name == CLASS_TOKEN_NAME:
         return (BATCH_DIM, D)
     if name == REGISTERS_NAME:
         return (BATCH_DIM, cfg.num_registers, D)

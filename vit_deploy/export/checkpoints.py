@@ -339,6 +339,8 @@ FORMATS = ("auto", "vit-deploy", "timm", "hf")
 # timm does not store the head count; these are the standard widths (ViT / DeiT / DINOv2).
 HEADS_BY_WIDTH = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16, 1536: 24}
 HF_TYPES = {"vit", "deit", "dinov2", "dinov2_with_registers"}
+# The image towers of CLIP, SigLIP, SigLIP 2 and DINOv3 (loaded by _load_tower).
+TOWER_TYPES = {"clip_vision_model", "siglip_vision_model", "siglip2_vision_model", "dinov3_vit"}
 
 
 def load_any(path: str | Path, *, source: str = "auto", heads: int | None = None,
@@ -448,7 +450,8 @@ _MISSING = object()
 
 
 def load_hf(directory: Path) -> ViT:
-    """ViT / DeiT / Dinov2 / Dinov2WithRegisters, with or without a classification head."""
+    """ViT / DeiT / Dinov2 / Dinov2WithRegisters, with or without a classification head;
+    the image towers of CLIP (± projection), SigLIP, SigLIP 2 and DINOv3."""
     directory = Path(directory)
     where = str(directory)
     config_path = directory / "config.json"
@@ -457,9 +460,11 @@ def load_hf(directory: Path) -> ViT:
                               f"checkpoint directory")
     hf = _read_json(config_path)
     kind = hf.get("model_type")
+    if isinstance(kind, str) and kind in TOWER_TYPES:
+        return _load_tower(directory, kind, hf)
     if not isinstance(kind, str) or kind not in HF_TYPES:
         raise CheckpointError(f"Hugging Face model_type {kind!r} is not supported; supported: "
-                              f"{sorted(HF_TYPES)}")
+                              f"{sorted(HF_TYPES | TOWER_TYPES)}")
     act, swiglu = hf.get("hidden_act", "gelu"), hf.get("use_swiglu_ffn", False)
     if act != "gelu" or swiglu:
         raise CheckpointError(f"only GELU MLPs are supported, the checkpoint uses "
@@ -716,8 +721,8 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _hf_normalisation(directory: Path,
-                      channels: int = 3) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def _hf_normalisation(directory: Path, channels: int = 3, default: tuple = (
+        IMAGENET_MEAN, IMAGENET_STD)) -> tuple[tuple[float, ...], tuple[float, ...]]:
     pre = directory / "preprocessor_config.json"
     if pre.is_file():
         data = _read_json(pre)
@@ -737,4 +742,205 @@ def _hf_normalisation(directory: Path,
             except ValueError as e:
                 raise CheckpointError(f"{str(pre)!r}: {e}") from None
             return values[0], values[1]
-    return IMAGENET_MEAN, IMAGENET_STD
+    return default
+
+
+# -- Hugging Face image towers: CLIP, SigLIP / SigLIP 2, DINOv3 ---------------------------
+# What each tower's config.json `hidden_act` becomes (others are refused).
+TOWER_ACTS = {"quick_gelu": "quick_gelu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh"}
+# The normalisation each family's processor uses when the directory carries none.
+OPENAI_CLIP_MEAN, OPENAI_CLIP_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954,
+                                                                           0.26130258, 0.27577711)
+TOWER_NORMALISATION = {"clip_vision_model": (OPENAI_CLIP_MEAN, OPENAI_CLIP_STD),
+                       "siglip_vision_model": ((0.5,) * 3, (0.5,) * 3),
+                       "siglip2_vision_model": ((0.5,) * 3, (0.5,) * 3),
+                       "dinov3_vit": (IMAGENET_MEAN, IMAGENET_STD)}
+
+
+def _load_tower(directory: Path, kind: str, hf: dict[str, Any]) -> ViT:
+    """CLIPVisionModel(WithProjection), SiglipVisionModel, Siglip2VisionModel, DINOv3ViTModel.
+
+    CLIP: LayerNorm before the blocks, quick_gelu, post_layernorm on the pooled class token
+    (our fc_norm; the patch tokens stay un-normed, as transformers' last_hidden_state), the
+    bias-free visual projection when present. SigLIP: no class token, every token through
+    post_layernorm, the attention-pooling head. SigLIP 2: its linear patch embedding
+    (patches flattened row, column, channel) becomes the convolution; the table resized
+    bilinear with antialias. DINOv3: rotary positions, registers, layer scale; absent q/k/v,
+    output and MLP biases are zeros."""
+    where, config_path = str(directory), directory / "config.json"
+    get = _HFConfig(hf, config_path)
+    width, depth = get.int("hidden_size"), get.int("num_hidden_layers")
+    heads, patch = get.int("num_attention_heads"), get.pair("patch_size")
+    in_chans, hidden = get.int("num_channels", 3), get.int("intermediate_size")
+    norm_eps = get.number("layer_norm_eps", 1e-6 if kind.startswith("siglip") else 1e-5)
+    act = hf.get("hidden_act", "gelu")
+    if act not in TOWER_ACTS or hf.get("use_gated_mlp", False):
+        raise CheckpointError(f"{where}: only {sorted(TOWER_ACTS)} MLPs are supported, the "
+                              f"checkpoint uses {act!r}"
+                              + (" in a gated MLP" if hf.get("use_gated_mlp") else ""))
+    if width % heads:
+        raise CheckpointError(f"{str(config_path)!r}: num_attention_heads {heads} does not "
+                              f"divide hidden_size {width}")
+    weights = [directory / n for n in ("model.safetensors", "pytorch_model.bin")
+               if (directory / n).is_file()]
+    if not weights:
+        raise CheckpointError(f"{where!r} has neither model.safetensors nor pytorch_model.bin")
+    state, _ = read_state_dict(weights[0])
+    prefix = next((p for p in ("vision_model.", "model.") if any(
+        k.startswith(p + "embeddings.") for k in state)), "")
+    E = prefix + "embeddings."
+    dino, clip, siglip2 = kind == "dinov3_vit", kind == "clip_vision_model", kind.startswith("siglip2")
+    L = prefix + ("layer." if dino else "encoder.layers.")
+    if dino and not any(k.startswith(L) for k in state):
+        L = prefix + "model.layer."
+    layers = _indices(state, L)
+    if not _numbered(layers, depth):
+        raise CheckpointError(f"{where}: config.json says num_hidden_layers {depth}, its weights "
+                              f"hold {_count(len(layers), 'layer')} ({_describe(L, layers)})")
+    given = dict(state)  # the file's tensors; `state` gains the zeros of absent biases
+    spec: list[tuple[str, tuple[str, ...]]] = []
+    convert: dict[str, Any] = {}  # our key -> how the file's tensor becomes ours
+
+    def bias(key: str, rows: int) -> str:
+        if key not in state:
+            state[key] = torch.zeros(rows)
+        return key
+
+    for i in layers:
+        b, o = f"{L}{i}.", f"blocks.{i}."
+        att = b + ("attention." if dino else "self_attn.")
+        qkv = tuple(att + f"{n}_proj" for n in "qkv")
+        spec.append((o + "attn.qkv.weight", tuple(q + ".weight" for q in qkv)))
+        if any(q + ".bias" in state for q in qkv):
+            spec.append((o + "attn.qkv.bias", tuple(bias(q + ".bias", width) for q in qkv)))
+        out = att + ("o_proj" if dino else "out_proj")
+        spec += [(o + "attn.proj.weight", (out + ".weight",)),
+                 (o + "attn.proj.bias", (bias(out + ".bias", width),))]
+        fc1, fc2 = (b + "mlp.up_proj", b + "mlp.down_proj") if dino else (b + "mlp.fc1", b + "mlp.fc2")
+        spec += [(o + "mlp.fc1.weight", (fc1 + ".weight",)),
+                 (o + "mlp.fc1.bias", (bias(fc1 + ".bias", hidden),)),
+                 (o + "mlp.fc2.weight", (fc2 + ".weight",)),
+                 (o + "mlp.fc2.bias", (bias(fc2 + ".bias", width),))]
+        norms = ("norm1", "norm2") if dino else ("layer_norm1", "layer_norm2")
+        spec += [(o + f"norm{n}.{p}", (b + f"{theirs}.{p}",))
+                 for n, theirs in enumerate(norms, start=1) for p in ("weight", "bias")]
+        if dino:
+            spec += [(o + "ls1.gamma", (b + "layer_scale1.lambda1",)),
+                     (o + "ls2.gamma", (b + "layer_scale2.lambda1",))]
+    patch_key = E + ("patch_embeddings" if dino else "patch_embedding")
+    spec.append(("patch_embed.proj.weight", (patch_key + ".weight",)))
+    if not clip:
+        spec.append(("patch_embed.proj.bias", (patch_key + ".bias",)))
+    if siglip2:  # Linear over patches flattened (row, column, channel) -> a convolution
+        convert["patch_embed.proj.weight"] = lambda t: t.reshape(
+            t.shape[0], patch, patch, -1).permute(0, 3, 1, 2) if t.dim() == 2 else t
+    regs, grid = 0, (0, 0)
+    if dino:
+        reg = state.get(E + "register_tokens")
+        regs = reg.shape[1] if reg is not None and reg.dim() == 3 else 0
+        spec.append(("cls_token", (E + "cls_token",)))
+        if regs:
+            spec.append(("reg_token", (E + "register_tokens",)))
+        elif reg is not None and reg.numel() == 0:  # num_register_tokens 0: an empty tensor
+            given.pop(E + "register_tokens")
+        spec += [("norm.weight", (prefix + "norm.weight",)), ("norm.bias", (prefix + "norm.bias",))]
+        size = get.pair("image_size", (224, 224))
+        grid = (size[0] // patch, size[1] // patch)
+    else:
+        pos = state.get(E + "position_embedding.weight")
+        rows = pos.shape[0] if pos is not None and pos.dim() == 2 else -1
+        side = math.isqrt(max(rows - int(clip), 0))
+        if rows < 0 or not _square(rows - int(clip)):
+            raise CheckpointError(f"{where}: {E}position_embedding.weight "
+                                  f"{'is missing' if pos is None else f'has shape {tuple(pos.shape)}'}"
+                                  f"; it must hold {'1 + ' if clip else ''}a square grid of rows")
+        grid = (side, side)
+        expected = get.int("num_patches", None) if siglip2 else None
+        if expected is not None and expected != side * side:
+            raise CheckpointError(f"{where}: config.json says num_patches {expected}, its "
+                                  f"position table holds {side * side} rows")
+        spec.append(("pos.pos_embed", (E + "position_embedding.weight",)))
+        convert["pos.pos_embed"] = lambda t: t[None]
+        post = prefix + "post_layernorm"
+        if clip:
+            spec += [("cls_token", (E + "class_embedding",)),
+                     ("pre_norm.weight", (prefix + "pre_layrnorm.weight",)),
+                     ("pre_norm.bias", (prefix + "pre_layrnorm.bias",)),
+                     ("fc_norm.weight", (post + ".weight",)), ("fc_norm.bias", (post + ".bias",))]
+            convert["cls_token"] = lambda t: t.reshape(1, 1, -1)
+            if "visual_projection.weight" in state:
+                spec.append(("proj.weight", ("visual_projection.weight",)))
+        else:
+            spec += [("norm.weight", (post + ".weight",)), ("norm.bias", (post + ".bias",))]
+    use_head = not clip and not dino and any(k.startswith(prefix + "head.") for k in state)
+    if use_head:  # nn.MultiheadAttention's packed in_proj: q, then k and v
+        h = prefix + "head."
+        spec += [("map_head.probe", (h + "probe",)),
+                 ("map_head.proj.weight", (h + "attention.out_proj.weight",)),
+                 ("map_head.proj.bias", (h + "attention.out_proj.bias",))]
+        spec += [(f"map_head.{m}.{p}", (h + f"{t}.{p}",)) for m, t in (
+            ("norm", "layernorm"), ("mlp.fc1", "mlp.fc1"), ("mlp.fc2", "mlp.fc2"))
+            for p in ("weight", "bias")]
+        for mine, part in (("q", slice(0, width)), ("kv", slice(width, None))):
+            for p in ("weight", "bias"):
+                spec.append((f"map_head.{mine}.{p}", (h + f"attention.in_proj_{p}",)))
+                convert[f"map_head.{mine}.{p}"] = lambda t, part=part: t[part]
+    proj = state.get("visual_projection.weight") if clip else None
+    mean, std = _hf_normalisation(directory, in_chans, TOWER_NORMALISATION[kind])
+    try:
+        cfg = ViTConfig(
+            img_size=(grid[0] * patch, grid[1] * patch), patch_size=patch, in_chans=in_chans,
+            width=width, depth=depth, heads=heads, mlp_ratio=_mlp_ratio(hidden, width),
+            num_classes=0, qkv_bias=any(k.endswith("attn.qkv.bias") for k, _ in spec),
+            norm_eps=norm_eps, class_token=clip or dino, num_registers=regs,
+            pos_prefix_tokens=int(clip), layer_scale=dino, fc_norm=clip,
+            pool="cls" if clip or dino else "map" if use_head else "mean",
+            pos_embed="rope" if dino else "learned",
+            pos_interp="bilinear" if siglip2 else "bicubic", pos_antialias=siglip2,
+            act=TOWER_ACTS[act], pre_norm=clip, patch_bias=not clip,
+            proj_dim=proj.shape[0] if proj is not None and proj.dim() == 2 else 0,
+            rope_theta=get.number("rope_theta", 100.0), mean=mean, std=std,
+            name=f"hf-{kind.removesuffix('_vision_model').removesuffix('_vit')}")
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{where}: config.json and its weights give no valid config: "
+                              f"{e}") from None
+    return _build_mapped(cfg, state, given, spec, convert, where=where, kind=kind, prefix=prefix)
+
+
+def _build_mapped(cfg: ViTConfig, state: dict[str, torch.Tensor], given: dict[str, Any],
+                  spec: list[tuple[str, tuple[str, ...]]], convert: dict[str, Any], *,
+                  where: str, kind: str, prefix: str) -> ViT:
+    """Our state from the file's tensors (`spec`: our key <- theirs, concatenated; then
+    `convert`), checked: every tensor the mapping needs is there, every tensor of the file
+    (`given`) is used or irrelevant (HF_IRRELEVANT: warned), every shape is the model's."""
+    used = {t for _, theirs in spec for t in theirs}
+    missing = [t for _, theirs in spec for t in theirs if t not in state]
+    unused = sorted(set(given) - used)
+    ignored = [k for k in unused if any(p.match(k.removeprefix(prefix)) for p in HF_IRRELEVANT)]
+    unknown = [k for k in unused if k not in ignored]
+    problems = []
+    if missing:
+        problems.append(f"config.json ({kind}, {cfg.depth} layers) needs tensors its weights "
+                        f"lack: {_some(missing)}")
+    if unknown:
+        problems.append(f"its weights hold tensors the {kind} mapping does not use: "
+                        f"{_some(unknown)}")
+    if problems:
+        raise CheckpointError(f"{where}: " + "; ".join(problems))
+    ours = {}
+    for mine, theirs in spec:
+        t = torch.cat([state[k] for k in theirs]) if len(theirs) > 1 else state[theirs[0]]
+        ours[mine] = convert[mine](t) if mine in convert else t
+    shapes = _expected_shapes(cfg, blocks=cfg.depth) or {}
+    wrong = [f"{mine} (from {', '.join(theirs)}): checkpoint {tuple(ours[mine].shape)} vs "
+             f"expected {shapes[mine]}" for mine, theirs in spec
+             if mine in shapes and tuple(ours[mine].shape) != shapes[mine]]
+    if wrong:
+        raise CheckpointError(f"{where}: its weights do not match config.json: shape mismatch: "
+                              f"{_some(wrong)}")
+    model = build_model(cfg, seed=None)
+    load_state(model, ours, source=where)
+    if ignored:
+        warnings.warn(f"{where}: not used, these tensors do not change the exported outputs: "
+                      f"{_some(ignored)}", CheckpointWarning, stacklevel=3)
+    return model

@@ -8,8 +8,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-POS_EMBED_KINDS = ("learned", "factorized")
-POOLS = ("cls", "mean")
+POS_EMBED_KINDS = ("learned", "factorized", "rope")  # rope: 2-D rotary, no table (DINOv3)
+POOLS = ("cls", "mean", "map")  # map: attention pooling with a learned probe (SigLIP)
+ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu")  # exact erf GELU, tanh approximation, CLIP's
 INTERP_MODES = ("bicubic", "bilinear")
 PATCH_SIZES = (8, 14, 16, 32)
 
@@ -104,6 +105,13 @@ class ViTConfig:
     # The patch size the weights were trained at, when the kernel was PI-resized (FlexiViT)
     # to patch_size at export; None: trained at patch_size.
     trained_patch_size: int | None = None
+    # Families beyond ViT / DeiT / DINOv2 (CLIP, SigLIP, DINOv3); the defaults are the
+    # classic ViT, so bundles written before these fields existed load unchanged.
+    act: str = "gelu"  # the MLP's activation: gelu | gelu_tanh (SigLIP) | quick_gelu (CLIP)
+    pre_norm: bool = False  # a LayerNorm on the embedded tokens, before the blocks (CLIP)
+    patch_bias: bool = True  # the patch embedding's bias (CLIP has none)
+    proj_dim: int = 0  # a bias-free projection of the pooled vector (CLIP image embedding); 0 none
+    rope_theta: float = 100.0  # pos_embed 'rope': the base of the rotary frequencies (DINOv3)
     name: str = field(default="")
 
     def __post_init__(self) -> None:
@@ -118,6 +126,16 @@ class ViTConfig:
             (self.pos_embed in POS_EMBED_KINDS,
              f"pos_embed must be one of {POS_EMBED_KINDS}, got {self.pos_embed!r}"),
             (self.pool in POOLS, f"pool must be one of {POOLS}, got {self.pool!r}"),
+            (self.act in ACTIVATIONS, f"act must be one of {ACTIVATIONS}, got {self.act!r}"),
+            (self.proj_dim >= 0 and not (self.proj_dim and self.num_classes),
+             f"proj_dim must be >= 0 and a projection has no classifier after it, got "
+             f"proj_dim {self.proj_dim} with num_classes {self.num_classes}"),
+            (self.pos_embed != "rope" or self.head_dim % 4 == 0,
+             f"pos_embed 'rope' needs a head dim divisible by 4 (a quarter per axis for sin "
+             f"and cos), got {self.head_dim}"),
+            (self.rope_theta > 0, f"rope_theta must be > 0, got {self.rope_theta}"),
+            (not (self.merge and (self.pos_embed == "rope" or self.pool == "map")),
+             "token merging is not supported with pos_embed 'rope' or pool 'map'"),
             (self.pos_interp in INTERP_MODES,
              f"pos_interp must be one of {INTERP_MODES}, got {self.pos_interp!r}"),
             (self.pool != "cls" or self.class_token,
@@ -174,6 +192,11 @@ class ViTConfig:
         for r in self.merge:
             need, merged = max(need, 2 * r + merged), merged + r
         return need
+
+    @property
+    def pooled_dim(self) -> int:
+        """The width of the pooled vector (`pooled`): the projection's, else the model's."""
+        return self.proj_dim or self.width
 
     @property
     def head_dim(self) -> int:
