@@ -8,7 +8,7 @@ SYSTEM_STAMP := $(VENV)/.system-packages
 
 ARGS ?= --patch 16 --res 448
 
-.PHONY: setup export test gpu-check check-arm64 clean
+.PHONY: setup export test dist gpu-check check-arm64 clean
 
 setup: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP)
 
@@ -50,6 +50,11 @@ $(SYSTEM_STAMP): Makefile | $(STAMP)
 test: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
+## dist: the sdist and the wheel in ./dist (the wheel carries web/'s JavaScript and the
+## pinned onnxruntime-web files: setup.py copies them; docs/install.md)
+dist: $(STAMP) $(WEB_STAMP)
+	$(BIN)/python -m build --no-isolation --outdir dist .
+
 ## gpu-check OUT=dir: on a CUDA machine, check and bench cuda / tensorrt, reports into OUT
 gpu-check: $(STAMP)
 	BIN=$(BIN) scripts/gpu_check.sh $(OUT)
@@ -61,4 +66,4 @@ check-arm64: $(STAMP)
 	BIN=$(BIN) scripts/check_arm64.sh $(if $(OUT),--out $(OUT))
 
 clean:
-	rm -rf $(VENV) vit-*/ .pytest_cache web/node_modules node_modules
+	rm -rf $(VENV) vit-*/ .pytest_cache web/node_modules node_modules build dist

@@ -14,9 +14,12 @@ preview server that sends what multi-threaded WebAssembly needs.
       ort/                onnxruntime-web: WebAssembly build, WebGPU build, their .wasm
       manifest.json       every file's sha256 (so a re-run may replace the site)
 
-The JavaScript lives in the repository's web/ (`npm ci` there installs the pinned
-onnxruntime-web the site copies); VIT_DEPLOY_WEB_DIR points elsewhere, e.g. at the npm
-package `vit-deploy` installed in an app (node_modules/vit-deploy).
+Where the JavaScript comes from (`WebSources.find`): VIT_DEPLOY_WEB_DIR if set (e.g. the npm
+package `vit-deploy` installed in an app, node_modules/vit-deploy); else, in
+a source checkout, the repository's web/ (`npm ci` there installs the pinned
+onnxruntime-web the site copies); else the copy an installed wheel carries in
+vit_deploy/web_assets/ (setup.py puts it there; web_files.py lists what it holds). No
+network either way.
 """
 
 from __future__ import annotations
@@ -38,25 +41,14 @@ from vit_deploy.atomic import atomic_directory, repository_record
 from vit_deploy.runtime.contract import MANIFEST_NAME
 from vit_deploy.runtime.manifest import load_manifest
 from vit_deploy.runtime.model_scan import inspect_model
+from vit_deploy.web_files import (ENTRIES, LIB_DIR, MODULE, NODE_ONLY, ORT_DIST,  # noqa: F401
+                                  ORT_FILES, ORT_PACKAGE, ORT_WASM_ONLY, PACKAGED_DIR, PAGE,
+                                  site_modules)
 
 WEB_FORMAT = "vit-deploy-web"
 WEB_RECORD = "web.json"  # beside the site's copy of the manifest; the runtime reads it
-MODULE = "vit-deploy.mjs"  # the entry the page imports: it loads the browser's platform module
-# The JavaScript a site serves: the entries a page may import and every module under lib/
-# but what only Node runs (vit-deploy.mjs imports Node's platform module only in Node).
-ENTRIES = (MODULE, "browser.mjs")
-LIB_DIR = "lib"
-NODE_ONLY = ("platform-node.mjs",)
-PAGE = "index.html"
 BUNDLE_DIR = "bundle"
 ORT_DIR = "ort"
-# onnxruntime-web's files the module imports: the WebAssembly-only build (used when the
-# browser offers no WebGPU adapter; the smaller download) and the WebGPU build (JSEP-free
-# native WebGPU EP, with its own WebAssembly CPU fallback).
-ORT_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm",
-             "ort.webgpu.min.mjs", "ort-wasm-simd-threaded.asyncify.mjs",
-             "ort-wasm-simd-threaded.asyncify.wasm")
-ORT_WASM_ONLY = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
 ORT_NOTICE = """onnxruntime-web {version} (https://www.npmjs.com/package/onnxruntime-web)
 
 MIT License
@@ -94,26 +86,36 @@ MIME_TYPES = {".html": "text/html; charset=utf-8", ".mjs": "text/javascript",
 
 @dataclass(frozen=True)
 class WebSources:
-    """Where the JavaScript comes from: web/src (ours) and web/node_modules (npm ci)."""
+    """Where the JavaScript comes from: ROOT/src (ours) and ROOT/node_modules (npm ci), with
+    ROOT the repository's web/ or the wheel's vit_deploy/web_assets/ (the same layout)."""
 
     root: Path
 
     @classmethod
     def find(cls) -> WebSources:
-        root = Path(os.environ.get("VIT_DEPLOY_WEB_DIR")
-                    or Path(__file__).resolve().parent.parent / "web")
+        """VIT_DEPLOY_WEB_DIR; else the repository's web/ in a source checkout (an editable
+        install too); else the copy the installed wheel carries."""
+        package = Path(__file__).resolve().parent
+        checkout = package.parent / "web"
+        if os.environ.get("VIT_DEPLOY_WEB_DIR"):
+            root, where = Path(os.environ["VIT_DEPLOY_WEB_DIR"]), "VIT_DEPLOY_WEB_DIR"
+        elif (checkout / "src" / MODULE).is_file():
+            root, where = checkout, "the repository's web/"
+        else:
+            root, where = package / PACKAGED_DIR, "the installed package's web assets"
         sources = cls(root)
         for path in (*(root / "src" / name for name in ENTRIES), sources.page):
             if not path.is_file():
-                raise FileNotFoundError(f"{str(path)!r} is missing: `vit-deploy web` needs the "
-                                        f"repository's web/ directory (or VIT_DEPLOY_WEB_DIR)")
+                raise FileNotFoundError(f"{str(path)!r} is missing from {where}: "
+                                        f"`vit-deploy web` needs the repository's web/, a wheel "
+                                        f"built with its web assets, or VIT_DEPLOY_WEB_DIR")
         pinned = sources.pinned_ort_version()
         installed = sources.installed_ort_version()
         if installed is None:
-            raise FileNotFoundError(f"onnxruntime-web is not installed in {str(root)!r}: run "
+            raise FileNotFoundError(f"{ORT_PACKAGE} is not installed in {str(root)!r}: run "
                                     f"`make setup` (npm ci in web/)")
         if installed != pinned:
-            raise ValueError(f"web/package.json pins onnxruntime-web {pinned}, but {installed} "
+            raise ValueError(f"web/package.json pins {ORT_PACKAGE} {pinned}, but {installed} "
                              f"is installed; run `make setup` (npm ci in web/)")
         return sources
 
@@ -124,9 +126,7 @@ class WebSources:
     @property
     def modules(self) -> list[str]:
         """The JavaScript files the site serves, relative to web/src (POSIX paths)."""
-        lib = sorted(p.name for p in (self.root / "src" / LIB_DIR).glob("*.mjs")
-                     if p.name not in NODE_ONLY)
-        return [*ENTRIES, *(f"{LIB_DIR}/{name}" for name in lib)]
+        return site_modules(self.root)
 
     @property
     def page(self) -> Path:
@@ -138,14 +138,14 @@ class WebSources:
         (the repository's web/ after npm ci), else in the node_modules of a directory above
         (the npm package installed in an app, whose dependencies npm puts beside it)."""
         for base in (self.root, *self.root.parents):
-            dist = base / "node_modules" / "onnxruntime-web" / "dist"
+            dist = base / ORT_DIST
             if base.name != "node_modules" and dist.is_dir():
                 return dist
-        return self.root / "node_modules" / "onnxruntime-web" / "dist"
+        return self.root / ORT_DIST
 
     def pinned_ort_version(self) -> str:
         package = json.loads((self.root / "package.json").read_text(encoding="utf-8"))
-        return str(package["dependencies"]["onnxruntime-web"])
+        return str(package["dependencies"][ORT_PACKAGE])
 
     def installed_ort_version(self) -> str | None:
         path = self.ort_dist.parent / "package.json"

@@ -1,4 +1,4 @@
-"""`vit-deploy providers`: what ONNX Runtime lists here, and what really runs."""
+"""`vit-deploy providers`: which ONNX Runtime package, what it lists, what really runs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from vit_deploy.cli.options import console, json_flag
 @click.command()
 @json_flag
 def providers(as_json: bool) -> None:
-    """What this onnxruntime lists, and whether a session really runs on each here."""
+    """Which package installed onnxruntime (onnxruntime-gpu, onnxruntime, ...), what it
+    lists, and whether a session really runs on each provider here."""
     from vit_deploy.runtime.providers import probe_all
 
     report = probe_all()

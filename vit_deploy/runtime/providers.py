@@ -179,6 +179,15 @@ def probe(name: str, options: Mapping[str, Any] | None = None) -> ProbeResult:
     return ProbeResult(full, listed=True, usable=False, reason=error or failure_reason(log[0]))
 
 
+def distributions() -> list[str]:
+    """The installed distributions that provide the `onnxruntime` module: onnxruntime-gpu
+    (CPU, CUDA, TensorRT) or onnxruntime (CPU; CoreML on macOS; ...), or another build
+    (onnxruntime-openvino, -directml, -qnn). One normally: two overwrite each other's files."""
+    from importlib.metadata import packages_distributions
+
+    return sorted(set(packages_distributions().get("onnxruntime", [])), key=str.lower)
+
+
 @dataclass(frozen=True)
 class ProbeReport:
     """`vit-deploy providers`: what this onnxruntime lists and what really runs here."""
@@ -186,21 +195,37 @@ class ProbeReport:
     version: str
     device: str
     results: list[ProbeResult]
+    distributions: list[str] = field(default_factory=list)  # who installed `onnxruntime`
+
+    @property
+    def distribution(self) -> str:
+        return " + ".join(self.distributions) or "unknown distribution"
+
+    @property
+    def conflict(self) -> str:
+        """Why the install is broken, or ""."""
+        if len(self.distributions) < 2:
+            return ""
+        return (f"{self.distribution} are all installed and share the `onnxruntime` module: "
+                f"uninstall all of them, then install one")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"onnxruntime": self.version, "device": self.device,
+        return {"onnxruntime": self.version, "distributions": self.distributions,
+                "device": self.device,
                 "providers": [r.__dict__ | {"alias": r.alias} for r in self.results]}
 
     def __rich__(self) -> Any:
         from rich.console import Group
         from rich.table import Table
 
-        table = Table("provider", "alias", "usable here", title=f"onnxruntime {self.version}",
-                      title_justify="left")
+        table = Table("provider", "alias", "usable here", title_justify="left",
+                      title=f"onnxruntime {self.version}, from the {self.distribution} package")
         for r in self.results:
             table.add_row(r.name, r.alias, "yes" if r.usable else "no (see below)")
-        return Group(table, *[f"{r.alias}: {r.reason}" for r in self.results if not r.usable])
+        notes = [f"{r.alias}: {r.reason}" for r in self.results if not r.usable]
+        return Group(table, *notes, *([f"warning: {self.conflict}"] if self.conflict else []))
 
 
 def probe_all() -> ProbeReport:
-    return ProbeReport(ort.__version__, ort.get_device(), [probe(n) for n in available()])
+    return ProbeReport(ort.__version__, ort.get_device(), [probe(n) for n in available()],
+                       distributions())
