@@ -8,7 +8,7 @@ SYSTEM_STAMP := $(VENV)/.system-packages
 
 ARGS ?= --patch 16 --res 448
 
-.PHONY: setup export test dist gpu-check check-arm64 clean
+.PHONY: setup export test test-fast dist gpu-check check-arm64 clean
 
 setup: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP)
 
@@ -54,6 +54,12 @@ test: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP)
 ## pinned onnxruntime-web files: setup.py copies them; docs/install.md)
 dist: $(STAMP) $(WEB_STAMP)
 	$(BIN)/python -m build --no-isolation --outdir dist .
+
+## test-fast: the edit loop (under 90 s on 2 cores): everything but the heavy files
+## (servers, browsers, emulators, fresh venvs, kills, many exports; tests/conftest.py)
+## and full-size exports; run make test before you push
+test-fast: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow and not heavy"
 
 ## gpu-check OUT=dir: on a CUDA machine, check and bench cuda / tensorrt, reports into OUT
 gpu-check: $(STAMP)

@@ -63,3 +63,24 @@ def quantised_bundle(tmp_path_factory):
     export_bundle(_tiny(), out, options=ExportOptions(resolution=(24, 40), simplify=False))
     add_precisions(out, ["int8", "int4"])
     return out
+
+
+# `make test-fast` (the edit loop, under 90 s on 2 cores) leaves out the files that start
+# servers, browsers, emulators or fresh virtual environments, kill processes, or export
+# many models; `make test` runs everything. A test elsewhere can opt out with
+# @pytest.mark.heavy.
+HEAVY_FILES = {
+    "test_reliability.py", "test_readme.py", "test_bundle.py", "test_web.py",
+    "test_web_package.py", "test_dense.py", "test_onnx.py", "test_checkpoints.py",
+    "test_families.py", "test_hub.py", "test_targets.py", "test_benchmarks.py", "test_sweep.py",
+    "test_ownership.py", "test_tome.py", "test_flexivit.py", "test_tensorrt.py", "test_fuzz.py",
+    "test_server_hostile.py", "test_server.py", "test_server_v2.py", "test_triton.py",
+    "test_digits.py", "test_install.py", "test_recovery.py", "test_bench.py",
+    "test_references.py", "test_arm64.py",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in HEAVY_FILES:
+            item.add_marker(pytest.mark.heavy)

@@ -43,7 +43,7 @@ def test_static_export_via_cli(tmp_path):
     (["--res", "abc"], ["resolution must be N or HxW"]),
     (["--res", "32x"], ["resolution must be N or HxW"]),
     (["--model", "XL"], ["unknown model variant 'XL'"]),
-    (["--pos-embed", "rope"], ["--pos-embed", "'rope'", "learned", "factorized"]),
+    (["--pos-embed", "sinusoidal"], ["--pos-embed", "'sinusoidal'", "learned", "factorized"]),
     (["--patch", "0"], ["--patch", "0", "1", "1024"]),
     (["--patch", "5"], ["img_size (32, 32) must be positive multiples of patch_size 5"]),
     (["--opset", "17"], ["--opset", "17", "18", "30"]),

@@ -164,6 +164,7 @@ def qemu():
     return QEMU
 
 
+@pytest.mark.heavy
 def test_portable_int8_is_right_on_the_avx2_kernels(tiny_bundle, tmp_path, qemu):
     """Under `qemu-x86_64 -cpu Haswell` ONNX Runtime runs its AVX2 int8 kernels (the probe
     proves they saturate). There, both portable int8 files of both tiny models pass the
