@@ -577,7 +577,8 @@ def test_site_in_headless_chromium(fixtures, tmp_path):
             {"url": url, "precision": "fp32", "pixels": PRE_CASES[0]},
             {"url": url, "precision": "int8"},
             {"url": f"http://127.0.0.1:{plain.server_address[1]}/", "precision": "fp32",
-             "threads": 2}],
+             "threads": 2},
+            {"url": url, "precision": "fp32", "check": True}],  # no adapter: wasm only
             "screenshot": {"url": url, "image": str(IMAGES / "hopper.jpg"),
                            "path": str(tmp_path / "demo.png")}}
         (tmp_path / "job.json").write_text(json.dumps(job))
@@ -590,7 +591,8 @@ def test_site_in_headless_chromium(fixtures, tmp_path):
         plain.server_close()
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     pages = json.loads(r.stdout)["pages"]
-    isolated, int8, external = pages
+    isolated, int8, external, checked = pages
+    _assert_fallback_check(checked, fixtures)
     assert isolated["info"]["provider"] == "wasm" and isolated["info"]["threads"] == 2
     assert isolated["info"]["crossOriginIsolated"] and isolated["info"]["threadFallback"] is None
     assert external["info"]["threads"] == 1 and not external["info"]["crossOriginIsolated"]
@@ -617,6 +619,79 @@ def test_site_in_headless_chromium(fixtures, tmp_path):
                 LABELS[page["results"][name]["top"][0]["index"]]
     shot = Path(job["screenshot"]["path"]).read_bytes()
     assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 10_000
+
+
+def _report_table(report: dict) -> str:
+    """The report's cases as a Markdown table (what docs/browser-and-node.md shows)."""
+    lines = ["| backend | precision | case | H×W | output | max abs diff | cosine | passed |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {c['provider']} | {c['precision']} | {c['label']} | "
+              f"{c['resolution'][0]}×{c['resolution'][1]} | {c['output']} | {c['max_abs']:.1e} | "
+              f"{c['cosine']:.9f} | {c['passed']} |" for c in report["cases"]]
+    return "\n".join(lines)
+
+
+def _assert_report(report: dict, fixtures: Path, bundle: str, providers: set[str]) -> None:
+    """A passing check report of the shared schema: every reference case × output on each
+    provider, judged by the policy's numbers (fp32: max |Δ| and cosine)."""
+    from vit_deploy.runtime.contract import COSINE_MIN, FP32_ABS_TOL, tolerance_class
+
+    refs = json.loads((fixtures / bundle / "manifest.json").read_text())["references"]
+    assert report["schema"] == "vit-deploy-report" and report["schema_version"] == 1
+    assert report["kind"] == "check" and report["passed"] is True, _report_table(report)
+    assert report["device"]["runtime"].startswith("onnxruntime-web ")
+    assert report["reference"].startswith("golden references (pytorch fp32, torch ")
+    want = {(c["name"], o) for c in refs["cases"] for o in c["outputs"]}
+    for provider in providers:
+        got = {(c["label"], c["output"]) for c in report["cases"] if c["provider"] == provider}
+        assert got == want, (provider, got)
+    for c in report["cases"]:
+        policy = tolerance_class(c["precision"])
+        assert c["cosine_min"] == COSINE_MIN[policy] and c["cosine"] >= COSINE_MIN[policy]
+        if policy == "fp32":
+            assert c["abs_tol"] >= FP32_ABS_TOL and c["max_abs"] <= c["abs_tol"], c
+    assert {lat["provider"] for lat in report["latency"]} == providers
+    json.dumps(report, allow_nan=False)  # strict JSON
+
+
+def _assert_fallback_check(page: dict, fixtures: Path) -> None:
+    """Chromium with --disable-gpu: no adapter, so the page checks WebAssembly alone."""
+    assert page["check"]["offered"]["backends"] == ["wasm"], page["check"]["offered"]
+    assert page["info"]["provider"] == "wasm" and "WebGPU" in page["info"]["fallback"]
+    _assert_report(page["check"]["report"], fixtures, "bundle", {"wasm"})
+    assert page["check"]["report"]["device"]["gpu"] is None
+    assert page["check"]["download"] == "vit-deploy-check.json"
+
+
+def test_check_and_measure_on_webgpu_in_headless_chromium(fixtures, tmp_path):
+    """Chromium with a WebGPU adapter (SwiftShader: software, so correctness only): the
+    page's "check and measure" (?check=1) runs vit.check() on webgpu and wasm, fp32 and
+    int8, every golden reference within the tolerance policy of PyTorch's outputs; fp16
+    where the adapter offers shader-f16 (SwiftShader does not: said so)."""
+    node = _node()
+    if not Path(CHROMIUM).is_file():
+        pytest.fail(f"{CHROMIUM} is missing: the browser test needs Debian's chromium package")
+    proc, url = _start_cli_server([str(fixtures / "bundle"), "--out", str(tmp_path / "site"),
+                                   "--precision", "fp32,int8", "--threads", "2"])
+    try:
+        job = {"chromium": CHROMIUM, "gpu": True, "images": {}, "pages": [
+            {"url": url, "precision": "fp32", "check": True},
+            {"url": url, "precision": "int8", "check": True}]}
+        (tmp_path / "job.json").write_text(json.dumps(job))
+        r = subprocess.run([node, "testing/chromium.mjs", str(tmp_path / "job.json")], cwd=WEB,
+                           capture_output=True, text=True, timeout=300, check=False)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    fp32, int8 = json.loads(r.stdout)["pages"]
+    for page in (fp32, int8):
+        assert page["check"]["offered"]["backends"] == ["webgpu", "wasm"], page["check"]
+        assert page["info"]["provider"] == "webgpu" and page["info"]["fallback"] is None
+        assert "swiftshader" in page["info"]["gpu"].lower()
+        _assert_report(page["check"]["report"], fixtures, "bundle", {"webgpu", "wasm"})
+        print(_report_table(page["check"]["report"]))
+    assert fp32["check"]["offered"]["shaderF16"] is False  # SwiftShader: no fp16 shaders
 
 
 if __name__ == "__main__":

@@ -127,3 +127,17 @@ export async function checkReport(vit, references, bytes, { latencyRuns = 0, dev
     passed: cases.length > 0 && cases.every((c) => c.passed), cases, latency,
   };
 }
+
+/**
+ * One report of several runs of one bundle on one device (the page's backends, wasm and
+ * webgpu): their cases and latencies side by side, passed when every one passed. The device
+ * is the first report's, with the GPU of whichever report ran on one.
+ */
+export function mergeReports(reports) {
+  if (!reports.length) throw new Error('mergeReports takes at least one report, got none');
+  const [first] = reports;
+  const gpu = reports.map((r) => r.device.gpu).find((g) => g) ?? null;
+  return { ...first, device: { ...first.device, gpu },
+    passed: reports.every((r) => r.passed),
+    cases: reports.flatMap((r) => r.cases), latency: reports.flatMap((r) => r.latency) };
+}
