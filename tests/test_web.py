@@ -310,7 +310,7 @@ def test_web_writes_a_site_that_can_be_rewritten(fixtures, tmp_path):
     record = json.loads((site / "bundle" / "web.json").read_text())
     assert record["precisions"] == ["int8", "fp32"] and record["threads"] == 2
     assert {p.name for p in (site / "bundle").iterdir()} == {
-        "manifest.json", "model.onnx", "model.int8.onnx", "web.json"}
+        "manifest.json", "model.onnx", "model.int8.onnx", "references.bin", "web.json"}
     assert (site / "ort" / "ort-wasm-simd-threaded.wasm").stat().st_size > 1e6
     assert "ViT.load" in (site / "index.html").read_text()
 
