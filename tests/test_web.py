@@ -628,6 +628,9 @@ def _report_table(report: dict) -> str:
     lines += [f"| {c['provider']} | {c['precision']} | {c['label']} | "
               f"{c['resolution'][0]}×{c['resolution'][1]} | {c['output']} | {c['max_abs']:.1e} | "
               f"{c['cosine']:.9f} | {c['passed']} |" for c in report["cases"]]
+    lines += [f"latency {lat['provider']} {lat['precision']} {lat['resolution']} batch "
+              f"{lat['batch']}: p50 {lat['p50_ms']:.2f} ms, p90 {lat['p90_ms']:.2f} ms "
+              f"({lat['runs']} runs)" for lat in report["latency"]]
     return "\n".join(lines)
 
 
