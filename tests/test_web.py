@@ -44,6 +44,9 @@ PRE_CASES = [
 DENSE_OUTPUTS = ("pooled", "logits", "patch_tokens")
 DENSE_LAYERS = (1,)
 DENSE_IMAGES = ("hopper-wide.png", "hopper-small.png")
+# Golden references of the tiny bundle (deploy 48x64, native 32x32) and the dense one (32x32).
+REFERENCE_SIZES = {"deploy": (48, 64), "native": (32, 32), "non-square": (24, 40)}
+DENSE_REFERENCE_SIZES = {"deploy": (32, 32), "non-square": (24, 40)}
 
 
 # -- fixtures: bundles and Python's reference numbers ---------------------------------------
@@ -86,6 +89,63 @@ def _without_output(src: Path, dst: Path, name: str) -> None:
     (dst / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))
 
 
+# -- golden references: what the export will write (until it does; then this goes) -----------
+MULBERRY32 = ROOT / "tests" / "data" / "mulberry32.json"  # the generator's first values
+REFERENCE_GENERATOR = "mulberry32-uniform-v1"
+
+
+def mulberry32_uniform(seed: int, shape: tuple[int, ...]) -> np.ndarray:
+    """The input of a reference case from its seed (the shared spec's generator): element i
+    (C order) is mulberry32 with its state advanced i + 1 times, (r / 2**32) * 4 - 2 in
+    float64, rounded to float32."""
+    i = np.arange(1, int(np.prod(shape)) + 1, dtype=np.uint64)
+    a = ((seed + i * 0x6D2B79F5) & 0xFFFFFFFF).astype(np.uint32)
+    t = (a ^ (a >> 15)) * (a | 1)  # uint32 products wrap: Math.imul's low 32 bits
+    t = t ^ (t + (t ^ (t >> 7)) * (t | 61))
+    r = t ^ (t >> 14)
+    return ((r.astype(np.float64) / 2**32) * 4 - 2).astype(np.float32).reshape(shape)
+
+
+def add_golden_references(bundle: Path, forward, sizes: dict[str, tuple[int, int]]) -> None:
+    """references.bin (PyTorch fp32 outputs of seeded batch-2 inputs at `sizes`, name ->
+    (H, W)) and the manifest's `references` record, as the shared spec lays them out.
+    `forward`: numpy_forward of the exported module. Replaced by the export's own."""
+    import torch
+
+    from vit_deploy.runtime.contract import MANIFEST_NAME
+    from vit_deploy.runtime.manifest_parts import FileEntry
+
+    manifest = json.loads((bundle / MANIFEST_NAME).read_text())
+    names = [o["name"] for o in manifest["io"]["outputs"]]
+    cases, blobs, offset = [], [], 0
+    for seed, (name, (h, w)) in enumerate(sizes.items(), start=1):
+        x = mulberry32_uniform(seed, (2, 3, h, w))
+        out = forward(x)
+        out = out if isinstance(out, dict) else {names[0]: out}
+        record = {}
+        for output in names:
+            y = np.ascontiguousarray(out[output], dtype="<f4")
+            record[output] = {"offset": offset, "shape": list(y.shape)}
+            blobs.append(y.tobytes())
+            offset += y.nbytes
+        cases.append({"name": name, "seed": seed, "shape": list(x.shape), "outputs": record})
+    (bundle / "references.bin").write_bytes(b"".join(blobs))
+    manifest["references"] = {"file": "references.bin", "generator": REFERENCE_GENERATOR,
+                              "source": f"pytorch fp32 (torch {torch.__version__})",
+                              "cases": cases}
+    manifest["files"]["references.bin"] = asdict(FileEntry.of(bundle / "references.bin",
+                                                              "references"))
+    (bundle / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))
+
+
+def write_mulberry32_table(path: Path = MULBERRY32) -> dict:
+    """The shared table both generators are tested against: seed 1, shape [8]."""
+    table = {"generator": REFERENCE_GENERATOR, "seed": 1, "shape": [8],
+             "values": [float(v) for v in mulberry32_uniform(1, (8,))]}
+    path.write_text(json.dumps(table, indent=2) + "\n")
+    return table
+
+
 def _write_f32(path: Path, x: np.ndarray) -> str:
     np.ascontiguousarray(x, dtype=np.float32).tofile(path)
     return path.name
@@ -97,7 +157,7 @@ def make_fixtures(out: Path) -> dict:
     its twin without logits) with Python's features() and predictions, into `out`."""
     from vit_deploy.runtime.config import variant
     from vit_deploy.export.bundle import ExportOptions, export_bundle
-    from vit_deploy.export.model import build_model
+    from vit_deploy.export.model import build_model, numpy_forward
     from vit_deploy.precisions import add_precisions
     from vit_deploy.runtime import ViTSession
     from vit_deploy.runtime.preprocess import Preprocess, load_image
@@ -109,6 +169,7 @@ def make_fixtures(out: Path) -> dict:
                                                        labels=LABELS))
     add_precisions(bundle, ["int8"])
     _external_data_bundle(bundle, out / "bundle-external")
+    add_golden_references(bundle, numpy_forward(model), REFERENCE_SIZES)
     images = sorted(p.name for p in IMAGES.iterdir() if p.suffix in (".png", ".jpg"))
     index: dict = {"images": images, "labels": list(LABELS), "preprocess": [], "logits": [],
                    "rgb": {}}
@@ -146,15 +207,18 @@ def make_fixtures(out: Path) -> dict:
 def _dense_fixtures(out: Path) -> dict:
     from vit_deploy.runtime.config import variant
     from vit_deploy.export.bundle import ExportOptions, export_bundle
-    from vit_deploy.export.model import build_model
+    from vit_deploy.export.model import ViTOutputs, build_model, numpy_forward
     from vit_deploy.runtime import ViTSession
     from vit_deploy.runtime.preprocess import load_image
 
     dense = out / "bundle-dense"
-    export_bundle(build_model(variant("tiny"), seed=1), dense, options=ExportOptions(
+    model = build_model(variant("tiny"), seed=1)
+    export_bundle(model, dense, options=ExportOptions(
         resolution=(32, 32), simplify=False, outputs=DENSE_OUTPUTS, layers=DENSE_LAYERS,
         labels=LABELS))
     _without_output(dense, out / "bundle-backbone", "logits")
+    add_golden_references(dense, numpy_forward(ViTOutputs(model, DENSE_OUTPUTS + tuple(
+        f"layer_{b}" for b in DENSE_LAYERS)).eval()), DENSE_REFERENCE_SIZES)
     record: dict = {"outputs": [*DENSE_OUTPUTS, *(f"layer_{b}" for b in DENSE_LAYERS)],
                     "features": [], "logits": []}
     with ViTSession(dense) as session:
@@ -246,7 +310,7 @@ def test_web_writes_a_site_that_can_be_rewritten(fixtures, tmp_path):
     record = json.loads((site / "bundle" / "web.json").read_text())
     assert record["precisions"] == ["int8", "fp32"] and record["threads"] == 2
     assert {p.name for p in (site / "bundle").iterdir()} == {
-        "manifest.json", "model.onnx", "model.int8.onnx", "web.json"}
+        "manifest.json", "model.onnx", "model.int8.onnx", "references.bin", "web.json"}
     assert (site / "ort" / "ort-wasm-simd-threaded.wasm").stat().st_size > 1e6
     assert "ViT.load" in (site / "index.html").read_text()
 
@@ -513,7 +577,8 @@ def test_site_in_headless_chromium(fixtures, tmp_path):
             {"url": url, "precision": "fp32", "pixels": PRE_CASES[0]},
             {"url": url, "precision": "int8"},
             {"url": f"http://127.0.0.1:{plain.server_address[1]}/", "precision": "fp32",
-             "threads": 2}],
+             "threads": 2},
+            {"url": url, "precision": "fp32", "check": True}],  # no adapter: wasm only
             "screenshot": {"url": url, "image": str(IMAGES / "hopper.jpg"),
                            "path": str(tmp_path / "demo.png")}}
         (tmp_path / "job.json").write_text(json.dumps(job))
@@ -526,7 +591,8 @@ def test_site_in_headless_chromium(fixtures, tmp_path):
         plain.server_close()
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     pages = json.loads(r.stdout)["pages"]
-    isolated, int8, external = pages
+    isolated, int8, external, checked = pages
+    _assert_fallback_check(checked, fixtures)
     assert isolated["info"]["provider"] == "wasm" and isolated["info"]["threads"] == 2
     assert isolated["info"]["crossOriginIsolated"] and isolated["info"]["threadFallback"] is None
     assert external["info"]["threads"] == 1 and not external["info"]["crossOriginIsolated"]
@@ -553,6 +619,82 @@ def test_site_in_headless_chromium(fixtures, tmp_path):
                 LABELS[page["results"][name]["top"][0]["index"]]
     shot = Path(job["screenshot"]["path"]).read_bytes()
     assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 10_000
+
+
+def _report_table(report: dict) -> str:
+    """The report's cases as a Markdown table (what docs/browser-and-node.md shows)."""
+    lines = ["| backend | precision | case | H×W | output | max abs diff | cosine | passed |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {c['provider']} | {c['precision']} | {c['label']} | "
+              f"{c['resolution'][0]}×{c['resolution'][1]} | {c['output']} | {c['max_abs']:.1e} | "
+              f"{c['cosine']:.9f} | {c['passed']} |" for c in report["cases"]]
+    lines += [f"latency {lat['provider']} {lat['precision']} {lat['resolution']} batch "
+              f"{lat['batch']}: p50 {lat['p50_ms']:.2f} ms, p90 {lat['p90_ms']:.2f} ms "
+              f"({lat['runs']} runs)" for lat in report["latency"]]
+    return "\n".join(lines)
+
+
+def _assert_report(report: dict, fixtures: Path, bundle: str, providers: set[str]) -> None:
+    """A passing check report of the shared schema: every reference case × output on each
+    provider, judged by the policy's numbers (fp32: max |Δ| and cosine)."""
+    from vit_deploy.runtime.contract import COSINE_MIN, FP32_ABS_TOL, tolerance_class
+
+    refs = json.loads((fixtures / bundle / "manifest.json").read_text())["references"]
+    assert report["schema"] == "vit-deploy-report" and report["schema_version"] == 1
+    assert report["kind"] == "check" and report["passed"] is True, _report_table(report)
+    assert report["device"]["runtime"].startswith("onnxruntime-web ")
+    assert report["reference"].startswith("golden references (pytorch fp32, torch ")
+    want = {(c["name"], o) for c in refs["cases"] for o in c["outputs"]}
+    for provider in providers:
+        got = {(c["label"], c["output"]) for c in report["cases"] if c["provider"] == provider}
+        assert got == want, (provider, got)
+    for c in report["cases"]:
+        policy = tolerance_class(c["precision"])
+        assert c["cosine_min"] == COSINE_MIN[policy] and c["cosine"] >= COSINE_MIN[policy]
+        if policy == "fp32":
+            assert c["abs_tol"] >= FP32_ABS_TOL and c["max_abs"] <= c["abs_tol"], c
+    assert {lat["provider"] for lat in report["latency"]} == providers
+    json.dumps(report, allow_nan=False)  # strict JSON
+
+
+def _assert_fallback_check(page: dict, fixtures: Path) -> None:
+    """Chromium with --disable-gpu: no adapter, so the page checks WebAssembly alone."""
+    assert page["check"]["offered"]["backends"] == ["wasm"], page["check"]["offered"]
+    assert page["info"]["provider"] == "wasm" and "WebGPU" in page["info"]["fallback"]
+    _assert_report(page["check"]["report"], fixtures, "bundle", {"wasm"})
+    assert page["check"]["report"]["device"]["gpu"] is None
+    assert page["check"]["download"] == "vit-deploy-check.json"
+
+
+def test_check_and_measure_on_webgpu_in_headless_chromium(fixtures, tmp_path):
+    """Chromium with a WebGPU adapter (SwiftShader: software, so correctness only): the
+    page's "check and measure" (?check=1) runs vit.check() on webgpu and wasm, fp32 and
+    int8, every golden reference within the tolerance policy of PyTorch's outputs; fp16
+    where the adapter offers shader-f16 (SwiftShader does not: said so)."""
+    node = _node()
+    if not Path(CHROMIUM).is_file():
+        pytest.fail(f"{CHROMIUM} is missing: the browser test needs Debian's chromium package")
+    proc, url = _start_cli_server([str(fixtures / "bundle"), "--out", str(tmp_path / "site"),
+                                   "--precision", "fp32,int8", "--threads", "2"])
+    try:
+        job = {"chromium": CHROMIUM, "gpu": True, "images": {}, "pages": [
+            {"url": url, "precision": "fp32", "check": True},
+            {"url": url, "precision": "int8", "check": True}]}
+        (tmp_path / "job.json").write_text(json.dumps(job))
+        r = subprocess.run([node, "testing/chromium.mjs", str(tmp_path / "job.json")], cwd=WEB,
+                           capture_output=True, text=True, timeout=300, check=False)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    fp32, int8 = json.loads(r.stdout)["pages"]
+    for page in (fp32, int8):
+        assert page["check"]["offered"]["backends"] == ["webgpu", "wasm"], page["check"]
+        assert page["info"]["provider"] == "webgpu" and page["info"]["fallback"] is None
+        assert "swiftshader" in page["info"]["gpu"].lower()
+        _assert_report(page["check"]["report"], fixtures, "bundle", {"webgpu", "wasm"})
+        print(_report_table(page["check"]["report"]))
+    assert fp32["check"]["offered"]["shaderF16"] is False  # SwiftShader: no fp16 shaders
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@ Node, what it exports in UPPER_CASE is printed as JSON and compared with the val
 vit_deploy.runtime (contract, config, sizes, cpu, preprocess) or vit_deploy.web. A constant
 the JavaScript adds must be tied here too (the test lists every one it does not know).
 
-The parity tolerances (contract.COSINE_MIN, FP32_ABS_TOL) have no JavaScript copy: the JS
-runtime runs models and `check`s nothing itself, tests/test_web.py holds it to them.
+The parity tolerances (contract.COSINE_MIN, FP32_ABS_TOL) are here too: `vit.check()` judges
+golden references by them, and toleranceClass maps precisions as contract.tolerance_class.
 """
 
 from __future__ import annotations
@@ -44,11 +44,14 @@ PYTHON = {
     "X86_INT8_EXACT": list(cpu.X86_INT8_EXACT),
     "INT8_CPUS": list(cpu.INT8_CPUS),
     "WEB_RECORD": web.WEB_RECORD,
+    "FP32_ABS_TOL": contract.FP32_ABS_TOL,
+    "COSINE_MIN": dict(contract.COSINE_MIN),
 }
+TOLERANCE_PRECISIONS = ["fp32", "fp16", "int8", "int8-static", "int4"]
 
 # Imports each entry; prints { entry: { constants, grid, preprocess } }.
 SCRIPT = """
-const [src, entries, names] = JSON.parse(process.argv.at(-1));
+const [src, entries, names, precisions] = JSON.parse(process.argv.at(-1));
 const out = {};
 for (const entry of entries) {
   const m = await import(new URL(entry, src).href);
@@ -57,6 +60,7 @@ for (const entry of entries) {
   out[entry] = {
     constants: Object.fromEntries(Object.entries(m).filter(([k]) => /^[A-Z][A-Z0-9_]*$/.test(k))),
     grid: names.map((n) => m.isGridOutput(n)),
+    tolerance: precisions.map((p) => m.toleranceClass(p)),
     preprocess: { resize: pre.resize, interpolation: pre.interpolation, scale: pre.scale },
   };
 }
@@ -69,7 +73,7 @@ def js() -> dict:
     node = shutil.which("node")
     if node is None:
         pytest.fail("node is not on PATH: the web tests need Node.js (make setup)")
-    arg = json.dumps([SRC.as_uri() + "/", list(ENTRIES), GRID_NAMES])
+    arg = json.dumps([SRC.as_uri() + "/", list(ENTRIES), GRID_NAMES, TOLERANCE_PRECISIONS])
     r = subprocess.run([node, "--input-type=module", "-e", SCRIPT, arg], capture_output=True,
                        text=True, timeout=60, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -94,6 +98,11 @@ def test_the_javascript_constants_are_pythons(js):
 def test_grid_outputs_are_pythons(js):
     got = dict(zip(GRID_NAMES, js[ENTRIES[0]]["grid"], strict=True))
     assert got == {name: is_grid_output(name) for name in GRID_NAMES}
+
+
+def test_tolerance_classes_are_pythons(js):
+    got = dict(zip(TOLERANCE_PRECISIONS, js[ENTRIES[0]]["tolerance"], strict=True))
+    assert got == {p: contract.tolerance_class(p) for p in TOLERANCE_PRECISIONS}
 
 
 def test_preprocess_defaults_are_pythons(js):

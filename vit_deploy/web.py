@@ -9,7 +9,8 @@ preview server that sends what multi-threaded WebAssembly needs.
       browser.mjs         the browser's own entry (the same API, nothing of Node's): the
                           page imports it by the package's name, 'vit-deploy' (import map)
       lib/                the modules both import (web/src/lib, less Node's platform module)
-      bundle/             manifest.json, the chosen model files (+ external data),
+      bundle/             manifest.json, the chosen model files (+ external data), the
+                          golden references (references.bin) if the bundle has them,
                           web.json (precisions, threads, external data, sizes)
       ort/                onnxruntime-web: WebAssembly build, WebGPU build, their .wasm
       manifest.json       every file's sha256 (so a re-run may replace the site)
@@ -47,6 +48,7 @@ from vit_deploy.web_files import (ENTRIES, LIB_DIR, MODULE, NODE_ONLY, ORT_DIST,
 
 WEB_FORMAT = "vit-deploy-web"
 WEB_RECORD = "web.json"  # beside the site's copy of the manifest; the runtime reads it
+REFERENCES_ROLE = "references"  # the manifest's role of references.bin (golden references)
 BUNDLE_DIR = "bundle"
 ORT_DIR = "ort"
 ORT_NOTICE = """onnxruntime-web {version} (https://www.npmjs.com/package/onnxruntime-web)
@@ -208,6 +210,9 @@ def write_site(bundle: str | Path, out: str | Path, *, precisions: Sequence[str]
                              *(_bundle_name(bundle, path.parent / name)
                                for name in external_data(path))]
     sizes = {p: sum((bundle / f).stat().st_size for f in files) for p, files in models.items()}
+    # the golden references travel with the models: the page's "check and measure" reads them
+    references = sorted(name for name, entry in manifest.files.items()
+                        if entry.role == REFERENCES_ROLE)
     version = sources.installed_ort_version() or ""
     record = {"format": WEB_FORMAT, "format_version": 1, "precisions": list(precisions),
               "threads": threads, "onnxruntime_web": version,
@@ -221,7 +226,7 @@ def write_site(bundle: str | Path, out: str | Path, *, precisions: Sequence[str]
             shutil.copy2(sources.root / "src" / name, tmp / name)
         (tmp / BUNDLE_DIR).mkdir()
         shutil.copy2(bundle / MANIFEST_NAME, tmp / BUNDLE_DIR / MANIFEST_NAME)
-        for name in sorted({f for files in models.values() for f in files}):
+        for name in sorted({f for files in models.values() for f in files} | set(references)):
             (tmp / BUNDLE_DIR / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(bundle / name, tmp / BUNDLE_DIR / name)
         (tmp / BUNDLE_DIR / WEB_RECORD).write_text(json.dumps(record, indent=2) + "\n")

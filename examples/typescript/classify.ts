@@ -27,6 +27,10 @@ async function main(bundle: string, image: string): Promise<number> {
       const dense: Features = await vit.features(image, { resolution: 224 });
       console.log(`patch tokens ${dense.dims.join('x')}`);
     }
+    if (vit.manifest.references) { // the proof on this machine, without torch
+      const report = await vit.check();
+      console.log(`check ${report.passed ? 'passed' : 'FAILED'}: ${report.cases.length} cases, ${report.reference}`);
+    }
     const { data, dims } = await vit.pixels(image);
     const logits: Float32Array = await vit.run(data, dims);
     console.log(`${logits.length} logits; session inputs ${vit.session?.inputNames.join(', ')}`);

@@ -1,7 +1,7 @@
 // Typed use of the npm package in a page (the "browser" condition of its "exports"): a
 // bundler or an import map resolves 'vit-deploy' to its browser entry; onnxruntime-web's
 // files are served from `ortBase`.
-import { Preprocess, readManifest, topK, ViT } from 'vit-deploy';
+import { type CheckReport, Preprocess, readManifest, topK, ViT } from 'vit-deploy';
 
 const vit = await ViT.load('bundle/', {
   precision: 'int8',
@@ -26,3 +26,11 @@ const pixels = canvas.getContext('2d')!.getImageData(0, 0, 64, 48);
 const { data, dims } = pre.tensor(pixels);
 const best = topK(await vit.run(data, dims), 1, manifest.labels)[0];
 console.log(best.label, best.probability);
+
+// The proof on this browser: the bundle's golden references, by the tolerance policy.
+if (vit.manifest.references) {
+  const report: CheckReport = await vit.check({ latencyRuns: 5 });
+  const failed = report.cases.filter((c) => !c.passed).map((c) => `${c.label} ${c.output}`);
+  console.log(`${report.passed ? 'passed' : `failed: ${failed.join(', ')}`} on ${vit.info.provider}` +
+    ` (${report.device.gpu ?? 'no GPU'}), p50 ${report.latency[0]?.p50_ms.toFixed(1)} ms`);
+}

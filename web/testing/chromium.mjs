@@ -3,9 +3,16 @@
 //
 //   node testing/chromium.mjs JOB.json
 //
-// JOB: { chromium, images: { name: base64 bytes }, pages: [{ url, precision, threads?,
-//        pixels?: preprocessing overrides }], screenshot?: { url, image, path } }
-// Out: { pages: [{ info, results: { name: { top, logits, pixels? } } }] }
+// JOB: { chromium, gpu?, images: { name: base64 bytes }, pages: [{ url, precision, threads?,
+//        backend?, pixels?: preprocessing overrides, check?: true }],
+//        screenshot?: { url, image, path } }
+// Out: { pages: [{ info, results: { name: { top, logits, pixels? } },
+//        check?: { report, offered } }] }
+//
+// gpu: launch with a WebGPU adapter (SwiftShader, software Vulkan; a page on localhost is a
+// secure context, which WebGPU needs); without it Chromium runs with --disable-gpu and offers
+// no adapter. check: the page's "check and measure" (?check=1): its report and the backends
+// it found.
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -13,23 +20,30 @@ import path from 'node:path';
 import { chromium } from 'playwright-core';
 
 // Without the background-networking flags Chromium stalls on a closed network.
-const FLAGS = ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+const FLAGS = ['--no-sandbox', '--disable-quic', '--no-first-run',
   '--disable-background-networking', '--disable-component-update', '--disable-sync'];
+const NO_GPU = ['--disable-gpu'];
+const SWIFTSHADER = ['--enable-unsafe-webgpu', '--enable-unsafe-swiftshader',
+  '--use-webgpu-adapter=swiftshader'];
 const READY_MS = 90_000;
+const CHECK_MS = 150_000; // SwiftShader runs a tiny model in a fraction of a second; bounded
 
 const job = JSON.parse(fs.readFileSync(process.argv[2], 'utf8'));
 const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'vit-deploy-chromium-'));
 const context = await chromium.launchPersistentContext(profile, {
-  executablePath: job.chromium ?? '/usr/bin/chromium', headless: true, args: FLAGS,
+  executablePath: job.chromium ?? '/usr/bin/chromium', headless: true,
+  args: [...FLAGS, ...(job.gpu ? SWIFTSHADER : NO_GPU)],
   viewport: { width: 860, height: 620 },
 });
 
-async function open(url, { precision, threads }) {
+async function open(url, { precision, threads, backend, check }) {
   const page = await context.newPage();
   page.on('console', (m) => process.stderr.write(`[page ${m.type()}] ${m.text()}\n`));
   page.on('pageerror', (e) => process.stderr.write(`[page error] ${e.message}\n`));
   const query = new URLSearchParams({ precision });
   if (threads) query.set('threads', String(threads));
+  if (backend) query.set('backend', backend);
+  if (check) query.set('check', '1');
   await page.goto(`${url}?${query}`);
   await page.waitForFunction(() => document.body.dataset.ready, null, { timeout: READY_MS });
   if (await page.evaluate(() => document.body.dataset.ready) !== 'true') {
@@ -42,6 +56,17 @@ try {
   const out = { pages: [] };
   for (const spec of job.pages) {
     const page = await open(spec.url, spec);
+    if (spec.check) {
+      await page.waitForFunction(() => document.body.dataset.checked, null, { timeout: CHECK_MS });
+      const check = await page.evaluate(() => ({ state: document.body.dataset.checked,
+        status: document.getElementById('check-status').textContent,
+        report: window.checkReport ?? null, offered: window.checkOffered ?? null,
+        download: document.getElementById('check-json').download }));
+      if (check.state !== 'true') throw new Error(`${spec.url}: the check failed: ${check.status}`);
+      out.pages.push({ info: await page.evaluate(() => window.vit.info), check });
+      await page.close();
+      continue;
+    }
     const result = await page.evaluate(async ({ images, pixels }) => {
       const results = {};
       for (const [name, b64] of Object.entries(images)) {

@@ -142,6 +142,8 @@ export interface Manifest {
   int8Cpu: Record<string, Int8Cpu | null>;
   labels: string[] | null;
   preprocess: PreprocessFields;
+  /** The golden references; null in bundles exported without them. */
+  references: References | null;
 }
 /** A manifest.json (parsed JSON) checked as Python's runtime/manifest.py; BundleError if not. */
 export declare function readManifest(json: unknown, where?: string): Manifest;
@@ -175,6 +177,97 @@ export declare function topK(logits: ArrayLike<number> & Iterable<number>, k: nu
 export declare function requireFinite<T extends Iterable<number> & { length: number }>(values: T,
   name: string): T;
 
+// -- checking a bundle: golden references, the tolerance policy, the report -------------------
+/** fp32 passes when max |Δ| <= FP32_ABS_TOL · max(1, max |reference|) (and cosine). */
+export declare const FP32_ABS_TOL: number;
+/** The least cosine to the PyTorch fp32 reference, per tolerance class. */
+export declare const COSINE_MIN: Readonly<Record<'fp32' | 'fp16' | 'int8' | 'int4', number>>;
+/** The tolerance class a precision is judged by (int8-static as int8). */
+export declare function toleranceClass(precision: string): 'fp32' | 'fp16' | 'int8' | 'int4';
+/** A reference case's input from its seed (generator "mulberry32-uniform-v1"). */
+export declare function seededInput(seed: number, shape: number[]): Float32Array;
+/** One output against its reference, by the tolerance policy (NaN / Inf: null, failed). */
+export declare function compare(got: ArrayLike<number>, reference: ArrayLike<number>,
+  precision: Precision): Pick<CheckCase, 'max_abs' | 'abs_tol' | 'cosine' | 'cosine_min' | 'passed'>;
+/** Several reports of one bundle on one device (the page's backends) as one. */
+export declare function mergeReports(reports: Report[]): Report;
+
+/** The golden references a bundle carries (manifest `references`; references.bin). */
+export interface References {
+  file: string;
+  generator: 'mulberry32-uniform-v1';
+  /** What made the outputs, e.g. "pytorch fp32 (torch 2.13.0)". */
+  source: string;
+  /** Bytes of the file, as the manifest lists it. */
+  size: number;
+  sha256: string | null;
+  cases: Array<{
+    name: string;
+    seed: number;
+    /** The input's [batch, 3, H, W]. */
+    shape: [number, number, number, number];
+    /** Output name -> its float32 values' byte offset in the file and shape. */
+    outputs: Record<string, { offset: number; shape: number[] }>;
+  }>;
+}
+
+/** The machine a report was made on. */
+export interface ReportDevice {
+  /** "onnxruntime-node 1.30.0", "onnxruntime-web 1.30.0", "onnxruntime 1.31.1 (python)". */
+  runtime: string;
+  platform: string;
+  cpu: string | null;
+  /** The WebGPU adapter that ran (browser), e.g. "google swiftshader": a software one. */
+  gpu: string | null;
+}
+/** One reference case × output on one provider and precision. */
+export interface CheckCase {
+  label: string;
+  /** What actually ran: cpu / cuda / tensorrt / wasm / webgpu. */
+  provider: string;
+  precision: string;
+  resolution: [number, number];
+  batch: number;
+  output: string;
+  /** null when not finite. */
+  max_abs: number | null;
+  /** fp32 only: FP32_ABS_TOL · max(1, max |reference|). */
+  abs_tol: number | null;
+  cosine: number | null;
+  cosine_min: number;
+  passed: boolean;
+}
+export interface LatencyEntry {
+  provider: string;
+  precision: string;
+  resolution: [number, number];
+  batch: number;
+  p50_ms: number;
+  p90_ms: number;
+  runs: number;
+}
+/** The report every runtime writes (Python `check --json` / `bench --json`, Node, the page). */
+export interface Report {
+  schema: 'vit-deploy-report';
+  schema_version: 1;
+  kind: 'check' | 'bench';
+  bundle: string;
+  device: ReportDevice;
+  /** Which reference: "golden references (pytorch fp32, torch 2.13.0)", ... */
+  reference: string;
+  passed: boolean;
+  cases: CheckCase[];
+  latency: LatencyEntry[];
+}
+/** What `vit.check()` returns. */
+export interface CheckReport extends Report {
+  kind: 'check';
+}
+export interface CheckOptions {
+  /** Timed runs of the first reference case after one warm-up (default 0: none). */
+  latencyRuns?: number;
+}
+
 // -- the ViT class ----------------------------------------------------------------------------
 export type Precision = 'fp32' | 'fp16' | 'int8' | 'int8-static' | 'int4' | (string & {});
 export type Provider = 'cpu' | 'wasm' | 'webgpu';
@@ -207,6 +300,8 @@ export interface Info {
   fallback: string | null;
   crossOriginIsolated: boolean | null;
   ortVersion: string | null;
+  /** The WebGPU adapter the session runs on (browser, provider webgpu); else null. */
+  gpu: string | null;
   modelBytes: number | null;
   downloadMs: number;
   sessionMs: number;
@@ -261,6 +356,9 @@ export interface ViTMethods<Image> {
   /** Dense features of one image: a grid output (patch_tokens or layer_N), resized with the
    * rule patch_multiple. */
   features(image: Image, options?: { output?: string } & PreprocessOverrides): Promise<Features>;
+  /** The bundle's golden references against this runtime (the precision and provider
+   * loaded), by the tolerance policy; a BundleError for a bundle without references. */
+  check(options?: CheckOptions): Promise<CheckReport>;
   /** Free the ONNX Runtime session. */
   release(): Promise<void>;
 }

@@ -11,3 +11,6 @@ export { checkNormalization, exactInt8, int8Cpu, readManifest } from './manifest
 export { Preprocess, pyRound, toRGB } from './preprocess.mjs';
 export { resize } from './resample.mjs';
 export { requireFinite, softmax, topK } from './results.mjs';
+export {
+  compare, COSINE_MIN, FP32_ABS_TOL, mergeReports, seededInput, toleranceClass,
+} from './check.mjs';

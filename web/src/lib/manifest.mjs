@@ -6,6 +6,9 @@ import {
   LOGITS, MAX_ABS_MEAN, MAX_SCALE, MAX_SIDE, MAX_STD, MIN_SCALE, MIN_STD, RESIZE_RULES, show,
   X86_INT8_EXACT,
 } from './common.mjs';
+import { GENERATOR } from './check.mjs';
+
+const REFERENCES_ROLE = 'references'; // the role of references.bin under files
 
 function need(ok, where, field, expected, got) {
   if (!ok) throw new BundleError(`${where}: ${field} must be ${expected}, got ${show(got)}`);
@@ -115,6 +118,7 @@ export function readManifest(m, where = 'manifest') {
   `null or ${classes} strings (one per output of the model)`, m.labels);
   return {
     name: m.config?.name ?? 'ViT',
+    references: readReferences(m, io, P, files, where),
     patchSize: P,
     dynamic: io.dynamic !== false,
     input: io.inputs[0].name,
@@ -127,6 +131,51 @@ export function readManifest(m, where = 'manifest') {
       resize, interpolation, scale,
     },
   };
+}
+
+// -- golden references ----------------------------------------------------------------------
+/**
+ * The manifest's `references` (absent in bundles exported before them: null), checked: the
+ * file listed under files with role "references", a generator this runtime knows, cases of
+ * [batch, 3, H, W] inputs (patch multiples) whose float32 outputs lie inside the file.
+ */
+function readReferences(m, io, P, files, where) {
+  const r = m.references;
+  if (r === undefined || r === null) return null;
+  const at = `${where}: references`;
+  need(typeof r === 'object' && !Array.isArray(r), at, 'the record', 'an object', r);
+  need(safeName(r.file) && files[r.file]?.role === REFERENCES_ROLE && isInt(files[r.file]?.size),
+    at, 'file', `a file listed under files with role ${show(REFERENCES_ROLE)}`, r.file);
+  need(r.generator === GENERATOR, at, 'generator', show(GENERATOR), r.generator);
+  need(typeof r.source === 'string', at, 'source', 'a string', r.source);
+  need(Array.isArray(r.cases) && r.cases.length > 0, at, 'cases', 'a non-empty list', r.cases);
+  const size = files[r.file].size;
+  const declared = io.outputs.map((o) => o.name);
+  const cases = r.cases.map((c, k) => {
+    const here = `${at}.cases[${k}]`;
+    need(c !== null && typeof c === 'object' && typeof c.name === 'string', here, 'name', 'a string', c?.name);
+    need(isInt(c.seed) && c.seed <= 0xffffffff, here, 'seed', 'an integer from 0 to 2^32-1', c.seed);
+    const s = c.shape;
+    need(Array.isArray(s) && s.length === 4 && isInt(s[0], 1) && s[1] === 3 &&
+      s.slice(2).every((v) => isInt(v, P) && v % P === 0 && v <= MAX_SIDE) &&
+      s[0] * 3 * s[2] * s[3] <= MAX_SIDE * MAX_SIDE, here, 'shape',
+    `[batch, 3, H, W] with H and W multiples of the patch size ${P}`, s);
+    need(c.outputs !== null && typeof c.outputs === 'object' && Object.keys(c.outputs).length > 0,
+      here, 'outputs', 'an object of {offset, shape}', c.outputs);
+    const outputs = {};
+    for (const [name, o] of Object.entries(c.outputs)) {
+      need(declared.includes(name), here, `outputs[${show(name)}]`, `one of io.outputs ${show(declared)}`, name);
+      const n = Array.isArray(o?.shape) && o.shape.every((v) => isInt(v, 1))
+        ? o.shape.reduce((a, b) => a * b, 1) : NaN;
+      need(n > 0 && o.shape[0] === s[0] && isInt(o.offset) && o.offset % 4 === 0 &&
+        o.offset + 4 * n <= size, here, `outputs[${show(name)}]`,
+      `{offset (bytes, a multiple of 4), shape [${s[0]}, ...]} inside the ${size}-byte ${r.file}`, o);
+      outputs[name] = { offset: o.offset, shape: [...o.shape] };
+    }
+    return { name: c.name, seed: c.seed, shape: [...s], outputs };
+  });
+  return { file: r.file, generator: r.generator, source: r.source, size,
+    sha256: files[r.file].sha256 ?? null, cases };
 }
 
 // -- int8 and the CPU: runtime/cpu.py in JavaScript ---------------------------------------

@@ -17,6 +17,27 @@ export async function insideBundle() {}
 /** The text of a file of the bundle; null when `optional` and it is not there (404). */
 export const readText = fetchText;
 
+/** The bytes of a file of the bundle. */
+export const readBytes = fetchBytes;
+
+/** The bundle as a report names it: its URL. */
+export const bundleName = (url) => url.href;
+
+/** The browser as a report names it (schema "vit-deploy-report": device); a browser does
+ * not name its CPU. */
+export function device(info) {
+  return { runtime: `onnxruntime-web ${info.ortVersion}`,
+    platform: globalThis.navigator?.userAgent ?? 'unknown browser', cpu: null, gpu: info.gpu };
+}
+
+/** The adapter as a report names it: vendor, architecture, description (a software one,
+ * SwiftShader, says so: its speed is no GPU's). */
+function adapterName(adapter) {
+  const i = adapter.info ?? {};
+  const name = [i.vendor, i.architecture, i.device, i.description].filter(Boolean).join(' ');
+  return name || 'unnamed WebGPU adapter';
+}
+
 /**
  * A File / Blob, URL, ArrayBuffer, <img>, ImageBitmap, canvas or ImageData -> RGBA pixels:
  * decoded by the browser at its own size (EXIF orientation applied, no colour conversion),
@@ -68,7 +89,8 @@ export async function loadOrt(backend, ortBase) {
   const file = adapter ? 'ort.webgpu.min.mjs' : 'ort.wasm.min.mjs';
   const ort = await import(new URL(file, ortBase).href);
   ort.env.wasm.wasmPaths = new URL('./', ortBase).href;
-  return { ort, backend: adapter ? 'webgpu' : 'wasm', noGpuReason: reason };
+  return { ort, backend: adapter ? 'webgpu' : 'wasm', noGpuReason: reason,
+    gpu: adapter ? adapterName(adapter) : null };
 }
 
 /** The model's bytes for InferenceSession.create and the options only the browser sets. */

@@ -2,6 +2,7 @@
 // ViT.load). Files on disk (file: URLs and paths, symlinks resolved), PNG and JPEG decoding
 // with pngjs and jpeg-js, onnxruntime-node's CPU provider, /proc/cpuinfo for int8.
 import { readFile, realpath } from 'node:fs/promises';
+import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 
@@ -42,6 +43,26 @@ export async function readText(url, what, { optional = false } = {}) {
     if (optional && e.code === 'ENOENT') return null;
     throw new BundleError(`${what} ${url.pathname} could not be read (${e.code ?? e.message})`);
   }
+}
+
+/** The bytes of a file of the bundle (from disk for file: URLs). */
+export async function readBytes(url, what) {
+  if (url.protocol !== 'file:') return fetchBytes(url, what);
+  try {
+    return new Uint8Array(await readFile(url));
+  } catch (e) {
+    throw new BundleError(`${what} ${url.pathname} could not be read (${e.code ?? e.message})`);
+  }
+}
+
+/** The bundle as a report names it: its path, or its URL when not on disk. */
+export const bundleName = (url) => (url.protocol === 'file:' ? fileURLToPath(url).replace(/[\\/]$/, '') : url.href);
+
+/** The machine as a report names it (schema "vit-deploy-report": device). */
+export function device(info) {
+  return { runtime: `onnxruntime-node ${info.ortVersion}`,
+    platform: `${process.platform} ${process.arch}, node ${process.versions.node}`,
+    cpu: os.cpus()[0]?.model?.trim() || null, gpu: null };
 }
 
 /** PNG or JPEG bytes, or a path to them -> RGBA pixels, EXIF orientation applied. */

@@ -1,5 +1,6 @@
 // The ViT class: a bundle loaded for inference, on whichever platform a subclass names
 // (bindPlatform, below: what each entry exports). Nothing here knows which platform it is.
+import { checkReport } from './check.mjs';
 import { BundleError, isGridOutput, isInt, LOGITS, PATCH_TOKENS, show, WEB_RECORD } from './common.mjs';
 import { decodeImage } from './decode.mjs';
 import { bundleFile, int8Warning, readManifest } from './manifest.mjs';
@@ -58,7 +59,7 @@ export class ViT {
     const threads = options.threads ?? web.threads ?? null;
     if (threads !== null && !isInt(threads, 1)) throw new Error(`threads must be a positive integer, got ${show(threads)}`);
     const ortBase = options.ortBase ? new URL(options.ortBase, globalThis.location?.href) : new URL('../ort/', import.meta.url);
-    const { ort, backend: chosen, noGpuReason } = await platform.loadOrt(backend, ortBase);
+    const { ort, backend: chosen, noGpuReason, gpu } = await platform.loadOrt(backend, ortBase);
     // names from the bundle (manifest, web.json) go through bundleFile: never outside it
     const external = options.externalData ?? await Promise.all(
       (web.external_data?.[precision] ?? []).map(async (name) => {
@@ -104,6 +105,7 @@ export class ViT {
       fallback,
       crossOriginIsolated,
       ortVersion: ort.env.versions?.common ?? null,
+      gpu: ranOn === 'webgpu' ? gpu : null, // the WebGPU adapter that ran (browser)
       modelBytes: inputs.downloaded || null,
       downloadMs: tFetched - t0,
       sessionMs: performance.now() - tFetched,
@@ -233,7 +235,46 @@ export class ViT {
       ms: { decode: t1 - t0, preprocess: t2 - t1, run: t3 - t2 }, provider: this.info.provider };
   }
 
+  /**
+   * The bundle's golden references against this runtime (the precision and provider loaded):
+   * every stored case's input regenerated from its seed, every declared output compared by
+   * the tolerance policy; the report Python's `vit-deploy check --json` writes (schema
+   * "vit-deploy-report" v1, kind "check"). `latencyRuns`: timed runs of the first case
+   * (p50 / p90 in `latency`). A BundleError for a bundle without references.
+   */
+  async check({ latencyRuns = 0 } = {}) {
+    const refs = this.manifest.references;
+    if (!refs) {
+      throw new BundleError(`${this.url} has no golden references (its manifest has no ` +
+        `"references"): re-export it with a vit-deploy that stores them, or check it in Python ` +
+        `with torch (vit-deploy check)`);
+    }
+    const { platform } = this.constructor;
+    const url = await bundleFile(new URL(this.url), refs.file, 'references', platform.insideBundle);
+    const bytes = await platform.readBytes(url, 'references');
+    if (bytes.byteLength !== refs.size) {
+      throw new BundleError(`references ${url.href} has ${bytes.byteLength} bytes, the manifest ` +
+        `says ${refs.size} (truncated or replaced)`);
+    }
+    const digest = await sha256(bytes);
+    if (digest !== null && refs.sha256 !== null && digest !== refs.sha256) {
+      throw new BundleError(`references ${url.href} has sha256 ${digest.slice(0, 16)}…, the ` +
+        `manifest says ${String(refs.sha256).slice(0, 16)}… (modified after export)`);
+    }
+    return checkReport(this, refs, bytes, { latencyRuns, device: platform.device(this.info),
+      bundle: platform.bundleName(new URL(this.url)) });
+  }
+
   async release() { await this.session?.release?.(); this.session = null; }
+}
+
+/** Hex sha256 of bytes; null where Web Crypto is not offered (a page on plain http that is
+ * not localhost: no secure context), the size check then stands alone. */
+async function sha256(bytes) {
+  const subtle = globalThis.crypto?.subtle;
+  if (!subtle) return null;
+  const hash = new Uint8Array(await subtle.digest('SHA-256', bytes));
+  return Array.from(hash, (b) => b.toString(16).padStart(2, '0')).join('');
 }
 
 /** The public names whose work depends on the platform, bound to `platform` (a platform

@@ -1,0 +1,100 @@
+// vit.check() in Node: the golden references a bundle carries (PyTorch fp32 outputs of
+// seeded inputs) against onnxruntime-node, judged by the tolerance policy, in the report
+// every runtime writes (schema "vit-deploy-report" v1).
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { test } from 'node:test';
+import { fileURLToPath } from 'node:url';
+
+import { BundleError, compare, COSINE_MIN, FP32_ABS_TOL, mergeReports, seededInput, toleranceClass,
+  ViT } from '../src/vit-deploy.mjs';
+import { DIR } from '../testing/fixtures.mjs';
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
+const TABLE = JSON.parse(fs.readFileSync(path.join(root, 'tests', 'data', 'mulberry32.json'), 'utf8'));
+const references = (bundle) => JSON.parse(fs.readFileSync(path.join(DIR, bundle, 'manifest.json'), 'utf8')).references;
+
+test('the seeded generator gives the shared table\'s float32 values, byte for byte', () => {
+  assert.equal(TABLE.generator, 'mulberry32-uniform-v1');
+  const got = seededInput(TABLE.seed, TABLE.shape);
+  assert.deepEqual(new Uint8Array(got.buffer), new Uint8Array(Float32Array.from(TABLE.values).buffer));
+  const big = seededInput(7, [2, 3, 64, 64]);
+  assert.ok(big.every((v) => v >= -2 && v < 2));
+  assert.ok(Math.abs(big.reduce((a, b) => a + b, 0) / big.length) < 0.05); // uniform, centred
+  assert.throws(() => seededInput(-1, [1]), /seed must be an integer from 0 to 2\^32-1, got -1/);
+});
+
+test('check() passes every case and output of the references, fp32 and int8, with latency', async () => {
+  for (const [bundle, precision] of [['bundle', 'fp32'], ['bundle', 'int8'], ['bundle-dense', 'fp32']]) {
+    const vit = await ViT.load(path.join(DIR, bundle), { precision, threads: 1 });
+    const report = await vit.check({ latencyRuns: 3 });
+    await vit.release();
+    const what = `${bundle} ${precision}`;
+    assert.equal(report.schema, 'vit-deploy-report');
+    assert.equal(report.schema_version, 1);
+    assert.equal(report.kind, 'check');
+    assert.equal(report.bundle, path.join(DIR, bundle));
+    assert.match(report.device.runtime, /^onnxruntime-node 1\.30\.0$/);
+    assert.match(report.reference, /^golden references \(pytorch fp32, torch \d/);
+    assert.equal(report.passed, true, `${what}: ${JSON.stringify(report.cases)}`);
+    const refs = references(bundle);
+    assert.deepEqual(report.cases.map((c) => [c.label, c.output]),
+      refs.cases.flatMap((c) => Object.keys(c.outputs).map((o) => [c.name, o])), what);
+    for (const c of report.cases) {
+      assert.equal(c.provider, 'cpu');
+      assert.equal(c.precision, precision);
+      assert.equal(c.batch, 2);
+      assert.equal(c.cosine_min, COSINE_MIN[toleranceClass(precision)]);
+      if (precision === 'fp32') assert.ok(c.max_abs <= 1e-5 && c.abs_tol >= FP32_ABS_TOL, `${what} ${c.label}`);
+      else assert.equal(c.abs_tol, null);
+    }
+    assert.deepEqual(report.latency.map((l) => [l.provider, l.precision, l.runs, l.batch]),
+      [['cpu', precision, 3, 2]]);
+    assert.deepEqual(report.latency[0].resolution, refs.cases[0].shape.slice(2));
+    assert.ok(report.latency[0].p50_ms > 0 && report.latency[0].p90_ms >= report.latency[0].p50_ms);
+    JSON.parse(JSON.stringify(report)); // plain JSON
+  }
+});
+
+test('the policy: fp32 by max |Δ| and cosine, others by cosine; NaN fails as null', () => {
+  const ref = Float32Array.from([1, 2, 3, 4]);
+  assert.equal(compare(ref, ref, 'fp32').passed, true);
+  const off = Float32Array.from([1, 2, 3, 4.001]);
+  assert.equal(compare(off, ref, 'fp32').passed, false); // 1e-3 > 1e-4 · 4
+  assert.equal(compare(off, ref, 'int8-static').passed, true);
+  assert.equal(compare(off, ref, 'int8-static').cosine_min, 0.99);
+  const nan = compare(Float32Array.from([1, NaN, 3, 4]), ref, 'int4');
+  assert.deepEqual([nan.passed, nan.max_abs, nan.cosine], [false, null, null]);
+  assert.throws(() => toleranceClass('fp64'), /unknown precision "fp64"/);
+  const merged = mergeReports([{ device: { gpu: null }, passed: true, cases: [1], latency: [] },
+    { device: { gpu: 'x' }, passed: false, cases: [2], latency: [3] }]);
+  assert.deepEqual([merged.passed, merged.cases, merged.latency, merged.device.gpu], [false, [1, 2], [3], 'x']);
+});
+
+test('a bundle without references, or with broken ones, fails with a BundleError', async (t) => {
+  const vit = await ViT.load(path.join(DIR, 'bundle-external'), { threads: 1 });
+  await assert.rejects(vit.check(), (e) => e instanceof BundleError &&
+    /has no golden references \(its manifest has no "references"\)/.test(e.message));
+  await vit.release();
+  const tmp = fs.mkdtempSync(path.join(DIR, 'refs-'));
+  t.after(() => fs.rmSync(tmp, { recursive: true, force: true }));
+  fs.cpSync(path.join(DIR, 'bundle'), tmp, { recursive: true });
+  const bin = path.join(tmp, 'references.bin');
+  const bytes = fs.readFileSync(bin);
+  bytes[0] ^= 1;
+  fs.writeFileSync(bin, bytes); // same size, other bytes
+  const changed = await ViT.load(tmp, { threads: 1 });
+  await assert.rejects(changed.check(), /references .* has sha256 .*, the manifest says .* \(modified after export\)/);
+  fs.writeFileSync(bin, bytes.subarray(4));
+  await assert.rejects(changed.check(), /has \d+ bytes, the manifest says \d+ \(truncated or replaced\)/);
+  await changed.release();
+  const manifest = JSON.parse(fs.readFileSync(path.join(tmp, 'manifest.json'), 'utf8'));
+  manifest.references.cases[0].outputs.logits.offset = 1 << 20;
+  fs.writeFileSync(path.join(tmp, 'manifest.json'), JSON.stringify(manifest));
+  await assert.rejects(ViT.load(tmp), (e) => e instanceof BundleError &&
+    /references.cases\[0\]: outputs\["logits"\] must be \{offset .* inside the \d+-byte references.bin/.test(e.message));
+  manifest.references.cases[0].outputs = { nope: { offset: 0, shape: [2, 10] } };
+  fs.writeFileSync(path.join(tmp, 'manifest.json'), JSON.stringify(manifest));
+  await assert.rejects(ViT.load(tmp), /outputs\["nope"\] must be one of io.outputs \["logits"\]/);
+});
