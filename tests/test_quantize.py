@@ -214,3 +214,24 @@ def test_int8_gelu_fusion_is_exact(fp32_bundle, tmp_path):
     x = sample_inputs((24, 40), 2)
     with ViTSession(fused.path) as a, ViTSession(plain.path) as b:
         np.testing.assert_array_equal(a.run(x), b.run(x))
+
+
+def test_fp16_of_an_unsimplified_export_with_shared_initializers(make_tiny, tmp_path):
+    """A fresh model's LayerNorm biases are all zeros: the exporter shares one initializer
+    between them, and ORT's fp16 converter cast it to fp32 once per LayerNorm under one
+    name (not single-assignment: the ONNX checker refused the file)."""
+    import onnx
+
+    from vit_deploy.export.bundle import ExportOptions, export_bundle
+    from vit_deploy.precisions import add_precisions
+
+    out = tmp_path / "b"
+    export_bundle(make_tiny(), out, options=ExportOptions(resolution=(24, 40), simplify=False))
+    model = onnx.load(str(out / "model.onnx"))
+    norms = [n for n in model.graph.node if n.op_type == "LayerNormalization"]
+    assert len({n.input[2] for n in norms}) < len(norms)  # the case: one bias, many norms
+    report = add_precisions(out, ["fp16"])
+    assert report, str(report.results[0].notes)
+    fp16 = onnx.load(str(out / "model.fp16.onnx"))
+    outputs = [o for n in fp16.graph.node for o in n.output]
+    assert len(outputs) == len(set(outputs))

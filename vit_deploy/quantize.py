@@ -293,8 +293,29 @@ def _fp16(model: onnx.ModelProto, dst: Path, options: QuantOptions) -> None:
     block = sorted(set(DEFAULT_OP_BLOCK_LIST) | set(options.fp16_keep_fp32))
     converted = convert_float_to_float16(model, keep_io_types=True, op_block_list=block,
                                          disable_shape_infer=False)
+    _drop_repeated_nodes(converted)
     OnnxModel(converted).topological_sort()  # the converter appends its input casts at the end
     onnx.save(converted, str(dst))
+
+
+def _drop_repeated_nodes(model: onnx.ModelProto) -> None:
+    """Keep one of each node the fp16 converter wrote twice. It casts a kept-fp32 op's
+    float16 input once per consumer, under one name: an initializer that the exporter shared
+    between LayerNorms (identical zero biases of a fresh model, unsimplified) became two
+    `NAME_cast_to_fp32` Casts, which breaks single assignment. Same op, inputs, outputs
+    and attributes: the same value, so one serves."""
+    seen: set[tuple] = set()
+    keep = []
+    for node in model.graph.node:
+        key = (node.op_type, node.domain, tuple(node.input), tuple(node.output),
+               tuple(a.SerializeToString(deterministic=True) for a in node.attribute))
+        if key in seen:
+            continue
+        seen.add(key)
+        keep.append(node)
+    if len(keep) != len(model.graph.node):
+        del model.graph.node[:]
+        model.graph.node.extend(keep)
 
 
 def fuse_gelu(path: Path) -> int:
