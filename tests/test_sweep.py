@@ -19,9 +19,11 @@ def test_sweep_of_the_trained_model(tmp_path):
     assert r.exit_code == 0, r.output
     report = json.loads(out.read_text())
     points = {p["label"]: p for p in report["points"]}
-    assert set(points) == {"P8 r0 fp32", "P8 r2 fp32", "P16 r0 fp32"}
-    # 32x32 at patch 16 is 4 patches: merging 2 per block cannot run, and says so
-    assert len(report["skipped"]) == 1 and "needs at least 10" in report["skipped"][0]
+    assert set(points) == {"P8 r0 fp32", "P8 r2 fp32", "P16 r0 fp32", "P16 r2 fp32"}
+    # 32x32 at patch 16 is 4 patches: each block merges what its tokens allow (ToMe's
+    # clamp, min(2, (T - 1) // 2)): 2, 1, then none; nothing is skipped
+    assert report["skipped"] == []
+    assert points["P16 r2 fp32"]["tokens"] == 4 and points["P16 r2 fp32"]["tokens_last"] == 1
     base = points["P8 r0 fp32"]
     recorded = json.loads(data_path(DIGITS_RECORD_FILE).read_text())["held_out_accuracy"]
     assert base["score"] == pytest.approx(recorded * 100, abs=0.3)  # the training script's

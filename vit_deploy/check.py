@@ -15,7 +15,7 @@ from vit_deploy.runtime.manifest import Manifest, dumps_strict, load_manifest
 from vit_deploy.runtime.providers import parse_providers, short_name
 from vit_deploy.runtime.ort_session import RuntimeOptions
 from vit_deploy.runtime.session import ViTSession
-from vit_deploy.runtime.sizes import guard_memory, merge_fits
+from vit_deploy.runtime.sizes import guard_memory
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,10 +86,8 @@ def run_check(bundle: str | Path, options: CheckOptions = CheckOptions(),
     manifest = load_manifest(bundle)  # sizes and hashes checked here
     precisions = options.precisions or tuple(p for p in PRECISIONS if p in manifest.models)
     manifest.require_models(precisions)
-    cfg = manifest.config
     resolutions = options.resolutions or tuple(
-        hw for hw in dict.fromkeys([manifest.deploy_resolution, manifest.native_resolution])
-        if hw == manifest.deploy_resolution or merge_fits(*hw, cfg))  # native: room to merge?
+        dict.fromkeys([manifest.deploy_resolution, manifest.native_resolution]))
     for hw in resolutions:
         manifest.require_size(hw)
     largest = max(resolutions, key=lambda hw: hw[0] * hw[1])

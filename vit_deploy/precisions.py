@@ -30,7 +30,6 @@ from vit_deploy.runtime.manifest import Manifest, load_manifest
 from vit_deploy.runtime.manifest_parts import FileEntry
 from vit_deploy.runtime.providers import captured_stderr
 from vit_deploy.runtime.session import ViTSession
-from vit_deploy.runtime.sizes import merge_fits
 
 # The kernels ONNX Runtime's CPU provider must run, one per quantised layer (else some
 # layer silently stayed float: for QDQ, DequantizeLinear of the weight + an fp32 MatMul)
@@ -137,7 +136,7 @@ class Evaluator:
         else:  # the native size and one other: the deploy size, else 1.5 × native
             other = deploy if deploy != native else (P * round(native[0] * 1.5 / P),
                                                      P * round(native[1] * 1.5 / P))
-            self.resolutions = [hw for hw in (native, other) if merge_fits(*hw, cfg)] or [deploy]
+            self.resolutions = [native, other]
         self.inputs = [sample_inputs(hw, 2, channels=cfg.in_chans, seed=11)
                        for hw in self.resolutions]
         self.digits = None

@@ -57,7 +57,7 @@ class SweepPoint:
     merge: list[int]  # tokens merged per block
     precision: str
     tokens: int  # patch tokens entering the first block at the sweep's resolution
-    tokens_last: int  # ... and entering the last block's MLP
+    tokens_last: int  # ... and entering the last block (fewer merged where few: the clamp)
     score: float  # accuracy (%) with an eval set, else mean cosine to the base
     cosine: float  # mean over the images of the cosine to the base model's outputs
     cosine_min: float  # ... and its minimum
@@ -170,7 +170,6 @@ def run_sweep(checkpoint: str | Path, options: SweepOptions = SweepOptions(), *,
     from vit_deploy.runtime.config import parse_merge
     from vit_deploy.export.bundle import ExportOptions, export_bundle, model_from_flags
     from vit_deploy.precisions import PrecisionOptions, add_precisions
-    from vit_deploy.runtime.sizes import require_merge_room
 
     start = time.perf_counter()
     base, _ = model_from_flags(checkpoint=checkpoint)
@@ -188,11 +187,6 @@ def run_sweep(checkpoint: str | Path, options: SweepOptions = SweepOptions(), *,
             for merge, spec in zip(merges, options.merges):
                 model, _ = model_from_flags(checkpoint=checkpoint, patch=patch,
                                             merge=spec if merge else None)
-                try:
-                    require_merge_room(*resolution, model.cfg)
-                except ValueError as e:
-                    skipped.append(f"P{patch} merge {list(merge)}: {e}")
-                    continue
                 bundle = Path(tmp) / f"p{patch}-m{'-'.join(map(str, merge)) or '0'}"
                 progress(f"exporting P{patch} merge {list(merge) or 0}")
                 result = export_bundle(model, bundle, options=ExportOptions(
@@ -213,7 +207,7 @@ def run_sweep(checkpoint: str | Path, options: SweepOptions = SweepOptions(), *,
                              if inputs.labels is not None else cos)
                     points.append((SweepPoint(
                         patch=patch, merge=list(merge), precision=precision, tokens=grid,
-                        tokens_last=grid - sum(merge[:-1]) if merge else grid, score=score,
+                        tokens_last=grid - sum(model.cfg.merge_schedule(grid)[:-1]), score=score,
                         cosine=cos, cosine_min=cos_min, passed=passed), bundle))
         _time(points, resolution, options, progress)
     return SweepReport(checkpoint=str(checkpoint), resolution=tuple(resolution),

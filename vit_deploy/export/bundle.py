@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import math
 import platform
 import time
 from dataclasses import dataclass, field
@@ -26,8 +25,7 @@ from vit_deploy.runtime.manifest_parts import FileEntry, IOSpec, PreprocessSpec,
 from vit_deploy.runtime.providers import short_name
 from vit_deploy.runtime.session import ViTSession
 from vit_deploy.progress import Progress, silent
-from vit_deploy.runtime.sizes import (format_resolution, guard_memory, require_merge_room,
-                              require_patch_multiple)
+from vit_deploy.runtime.sizes import format_resolution, guard_memory, require_patch_multiple
 
 PARITY_BATCHES = (1, 3)
 
@@ -62,10 +60,6 @@ def parity_resolutions(model: ViT, resolution: tuple[int, int], static: bool) ->
         return [resolution]
     P = model.cfg.patch_size
     grids = [model.cfg.grid_size, (20, 30), (1, 1), (7, 9), (2, 4)]
-    if model.cfg.merging:  # token merging needs room: the smallest grids it can take
-        side = math.isqrt(model.cfg.min_patches - 1) + 1
-        grids = [g for g in grids if g[0] * g[1] >= model.cfg.min_patches] + [
-            (side, side), (side - 1, side + 2)]
     out = [resolution]
     for gh, gw in grids:
         hw = (P * gh, P * gw)
@@ -94,7 +88,6 @@ def validate_request(cfg: ViTConfig, options: ExportOptions) -> tuple[int, int]:
     output_selection(cfg, options)
     resolution = options.resolution or cfg.img_size
     require_patch_multiple(*resolution, cfg.patch_size)
-    require_merge_room(*resolution, cfg)
     if options.labels is not None and len(options.labels) != cfg.num_classes:
         raise ValueError(f"{len(options.labels)} labels given for {cfg.num_classes} classes")
     if not options.allow_large:

@@ -24,7 +24,7 @@ from vit_deploy.export.pos_embed import (FactorizedPosEmbed, FixedPosEmbed, Lear
 from vit_deploy.export.rope import RotaryPosEmbed, apply_rope
 from vit_deploy.export.token_merge import bipartite_soft_matching, merge_tokens
 from vit_deploy.outputs import OutputSelection, block_of
-from vit_deploy.runtime.sizes import require_merge_room, require_patch_multiple
+from vit_deploy.runtime.sizes import require_patch_multiple
 
 
 class PatchEmbed(nn.Module):
@@ -116,7 +116,8 @@ class LayerScale(nn.Module):
 
 class Block(nn.Module):
     """Pre-norm encoder block: x + MHA(LN(x)), then x + MLP(LN(x)) (each branch optionally
-    layer-scaled). With `merge` r > 0, ToMe merges r patch tokens between the two."""
+    layer-scaled). With `merge` r > 0, ToMe merges up to r tokens between the two (fewer
+    where the block has fewer than 2r + prefix tokens: token_merge.merge_count)."""
 
     def __init__(self, cfg: ViTConfig, merge: int = 0):
         super().__init__()
@@ -131,13 +132,13 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, size: torch.Tensor | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x (B, T, D), size (B, T, 1) or None (nothing merged yet) -> the same, T - r."""
+        """x (B, T, D), size (B, T, 1) or None (nothing merged yet) -> the same, T - r'."""
         out, metric = self.attn(self.norm1(x), size, rope)
         x = x + self.ls1(out)
         if self.merge:
             if size is None:
                 size = torch.ones_like(x[..., :1])  # (B, T, 1)
-            x, size = merge_tokens(x, size, self.prefix,
+            x, size = merge_tokens(x, size,
                                    *bipartite_soft_matching(metric, self.merge, self.prefix))
         return x + self.ls2(self.mlp(self.norm2(x))), size
 
@@ -185,21 +186,18 @@ class ViT(nn.Module):
         """(B, C, H, W) -> normalised tokens (B, T, D)."""
         return self.forward_tokens(x).normed
 
-    def forward_tokens(self, x: torch.Tensor, layers: tuple[int, ...] = (), *,
-                       patch: int | None = None) -> Tokens:
-        """(B, C, H, W) -> normalised tokens (B, T, D), the tokens after each 1-based
-        block in `layers` (B, T, D; not normalised), and with token merging the patches
-        each token stands for (B, T, 1). `patch`: run at another patch size (FlexiViT)."""
+    def embed(self, x: torch.Tensor, *, patch: int | None = None) -> torch.Tensor:
+        """(B, C, H, W) -> the tokens entering the first block (B, T, D): prefix tokens
+        (class, distillation, registers) then the patches in raster order, positions added
+        (rotary models: their positions rotate q and k in every block instead), then the
+        pre-norm (CLIP; identity elsewhere)."""
         P = patch or self.cfg.patch_size
         H, W = x.shape[-2:]
         if not torch.compiler.is_compiling():  # eager callers get a readable error
             require_patch_multiple(int(H), int(W), P)
-            require_merge_room(int(H), int(W), self.cfg)
         tokens = self.patch_embed(x, patch)  # (B, N, D)
-        rope = None
-        if isinstance(self.pos, RotaryPosEmbed):  # rotates q and k in every block instead
-            rope = self.pos((H // P, W // P))  # (1, 1, T, d) cos, sin
-            pos_prefix = tokens[:1, :0]  # (1, 0, D)
+        if isinstance(self.pos, RotaryPosEmbed):
+            pos_prefix = tokens[:1, :0]  # (1, 0, D): no position rows
         else:
             pos_prefix, pos_cells = self.pos((H // P, W // P))  # (1, prefix, D), (1, N, D)
             tokens = tokens + pos_cells
@@ -209,7 +207,18 @@ class ViT(nn.Module):
             k = pos_prefix.shape[1]  # the first k of them have a position row
             pre = torch.cat([pre[:, :k] + pos_prefix, pre[:, k:]], dim=1)
             tokens = torch.cat([pre.expand(tokens.shape[0], -1, -1), tokens], dim=1)  # (B, T, D)
-        tokens = self.pre_norm(tokens)
+        return self.pre_norm(tokens)
+
+    def forward_tokens(self, x: torch.Tensor, layers: tuple[int, ...] = (), *,
+                       patch: int | None = None) -> Tokens:
+        """(B, C, H, W) -> normalised tokens (B, T, D), the tokens after each 1-based
+        block in `layers` (B, T, D; not normalised), and with token merging the patches
+        each token stands for (B, T, 1). `patch`: run at another patch size (FlexiViT)."""
+        tokens = self.embed(x, patch=patch)  # (B, T, D)
+        P = patch or self.cfg.patch_size
+        H, W = x.shape[-2:]
+        rope = (self.pos((H // P, W // P)) if isinstance(self.pos, RotaryPosEmbed)
+                else None)  # (1, 1, T, d) cos, sin
         kept, size = [], None
         for i, block in enumerate(self.blocks, start=1):
             tokens, size = block(tokens, size, rope)

@@ -58,11 +58,7 @@ def export_onnx(model: ViT, dst: str | Path, *, options: OnnxOptions = OnnxOptio
         example = torch.randn(TRACE_BATCH, cfg.in_chans, *options.static_resolution)
         dynamic_shapes = {"x": {0: torch.export.Dim("batch", min=1)}}
     else:
-        k = 1  # token merging needs room at trace time too: a multiple of the trace grid
-        while (k * TRACE_GRID[0]) * (k * TRACE_GRID[1]) < cfg.min_patches:
-            k += 1
-        example = torch.randn(TRACE_BATCH, cfg.in_chans, P * k * TRACE_GRID[0],
-                              P * k * TRACE_GRID[1])
+        example = torch.randn(TRACE_BATCH, cfg.in_chans, P * TRACE_GRID[0], P * TRACE_GRID[1])
         gh, gw = torch.export.Dim("gh", min=1), torch.export.Dim("gw", min=1)
         dynamic_shapes = {"x": {0: torch.export.Dim("batch", min=1), 2: P * gh, 3: P * gw}}
     selection = options.outputs or select_outputs(cfg, features=options.features)

@@ -184,14 +184,16 @@ class ViTConfig:
     def merging(self) -> bool:
         return any(self.merge)
 
-    @property
-    def min_patches(self) -> int:
-        """The fewest patches an image may have: token merging takes r_l of the patches
-        left at block l, and needs at least 2 r_l of them (one partner each)."""
-        need, merged = 1, 0
+    def merge_schedule(self, patches: int) -> tuple[int, ...]:
+        """Tokens each block merges for an input of `patches` patches: merge[l], or fewer
+        where the block has fewer than 2 merge[l] + prefix tokens (ToMe's clamp,
+        min(r, (T - prefix) // 2): small inputs merge less, and every size runs)."""
+        tokens, out = self.num_prefix_tokens + patches, []
         for r in self.merge:
-            need, merged = max(need, 2 * r + merged), merged + r
-        return need
+            r = min(r, (tokens - self.num_prefix_tokens) // 2)
+            out.append(r)
+            tokens -= r
+        return tuple(out)
 
     @property
     def pooled_dim(self) -> int:

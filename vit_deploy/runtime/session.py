@@ -29,8 +29,7 @@ from vit_deploy.runtime.results import (Classified, Prediction, _check_labels, r
                                         softmax)
 from vit_deploy.runtime.swap import recover_on_open
 from vit_deploy.runtime.tensorrt import tensorrt_defaults
-from vit_deploy.runtime.sizes import (MemoryEstimateError, guard_memory, require_merge_room,
-                              require_patch_multiple)
+from vit_deploy.runtime.sizes import MemoryEstimateError, guard_memory, require_patch_multiple
 from vit_deploy.runtime.errors import BAD_INPUT, VitDeployError
 
 
@@ -233,7 +232,7 @@ class ViTSession:
 
     def check_size(self, height: int, width: int, batch: int = 1) -> None:
         """InputError unless this model takes (batch, C, height, width): a static graph's
-        size, patch multiples, room for token merging, and (unless allow_large) the
+        size, patch multiples, and (unless allow_large) the
         attention memory estimate. Preprocessing calls it before allocating the input."""
         static = self.input_shape[2:]
         if all(isinstance(d, int) for d in static) and (height, width) != tuple(static):
@@ -242,8 +241,6 @@ class ViTSession:
         if self.patch_size:
             try:
                 require_patch_multiple(height, width, self.patch_size)
-                if self.config is not None:
-                    require_merge_room(height, width, self.config)
             except ValueError as e:
                 raise InputError(str(e)) from None
         if self.config and not self.options.allow_large:

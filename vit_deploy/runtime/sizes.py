@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from typing import TYPE_CHECKING
@@ -55,22 +54,6 @@ def require_patch_multiple(height: int, width: int, patch: int) -> None:
             raise ValueError(
                 f"input {side} {size} is not a positive multiple of the patch size {patch}; "
                 f"nearest valid sizes: {near}")
-
-
-def merge_fits(height: int, width: int, cfg: ViTConfig) -> bool:
-    """Whether token merging (if the model merges) has the patches it needs at this size."""
-    return (height // cfg.patch_size) * (width // cfg.patch_size) >= cfg.min_patches
-
-
-def require_merge_room(height: int, width: int, cfg: ViTConfig) -> None:
-    """Token merging needs enough patches to merge (ViTConfig.min_patches); ValueError
-    naming the smallest size otherwise."""
-    if not merge_fits(height, width, cfg):
-        patches = (height // cfg.patch_size) * (width // cfg.patch_size)
-        raise ValueError(f"{height}x{width} gives {patches} patches, but merging "
-                         f"{list(cfg.merge)} tokens per block needs at least "
-                         f"{cfg.min_patches} (a square grid of {math.isqrt(cfg.min_patches - 1) + 1}"
-                         f"x{math.isqrt(cfg.min_patches - 1) + 1} is enough)")
 
 
 def grid_of(height: int, width: int, patch: int) -> tuple[int, int]:
