@@ -105,7 +105,7 @@ class Preprocess:
 
     def target_size(self, width: int, height: int) -> tuple[int, int]:
         """(H, W) the image will have after resizing (and cropping)."""
-        if self.resize == "shorter_side_center_crop":
+        if self.resize != "patch_multiple":  # cropped (or squashed) to the resolution
             return self.resolution
         P = self.patch_size
         scale = min(self.resolution) / min(width, height)

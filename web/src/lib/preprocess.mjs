@@ -61,7 +61,7 @@ export class Preprocess {
 
   /** [H, W] the image will have after resizing (and cropping). */
   targetSize(width, height) {
-    if (this.resize === 'shorter_side_center_crop') return [...this.resolution];
+    if (this.resize !== 'patch_multiple') return [...this.resolution]; // cropped or squashed
     const P = this.patchSize;
     const scale = Math.min(...this.resolution) / Math.min(width, height);
     return [Math.max(P, pyRound(height * scale / P) * P), Math.max(P, pyRound(width * scale / P) * P)];
