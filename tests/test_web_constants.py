@@ -31,6 +31,7 @@ PYTHON = {
     "BUNDLE_FORMAT": contract.BUNDLE_FORMAT,
     "BUNDLE_FORMAT_VERSION": contract.BUNDLE_FORMAT_VERSION,
     "RESIZE_RULES": list(contract.RESIZE_RULES),
+    "MIN_CROP_PCT": contract.MIN_CROP_PCT,
     "INTERPOLATIONS": list(contract.INTERPOLATIONS),
     "LOGITS": contract.LOGITS_NAME,
     "PATCH_TOKENS": contract.PATCH_TOKENS_NAME,
@@ -61,7 +62,8 @@ for (const entry of entries) {
     constants: Object.fromEntries(Object.entries(m).filter(([k]) => /^[A-Z][A-Z0-9_]*$/.test(k))),
     grid: names.map((n) => m.isGridOutput(n)),
     tolerance: precisions.map((p) => m.toleranceClass(p)),
-    preprocess: { resize: pre.resize, interpolation: pre.interpolation, scale: pre.scale },
+    preprocess: { resize: pre.resize, interpolation: pre.interpolation, scale: pre.scale,
+      crop_pct: pre.cropPct },
   };
 }
 process.stdout.write(JSON.stringify(out));
@@ -108,4 +110,4 @@ def test_tolerance_classes_are_pythons(js):
 def test_preprocess_defaults_are_pythons(js):
     fields = {f.name: f.default for f in dataclasses.fields(preprocess.Preprocess)}
     got = js[ENTRIES[0]]["preprocess"]
-    assert got == {name: fields[name] for name in ("resize", "interpolation", "scale")}
+    assert got == {name: fields[name] for name in ("resize", "interpolation", "scale", "crop_pct")}

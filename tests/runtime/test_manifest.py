@@ -149,3 +149,25 @@ def test_any_field_set_to_any_json_value_loads_or_is_a_bundle_error(valid, path,
     text = loaded.to_json()  # whatever loads writes back as strict JSON
     assert "NaN" not in text and Manifest.from_json(text) == loaded
     assert all(math.isfinite(v) and v >= 1e-6 for v in loaded.preprocess.std)
+
+
+@pytest.mark.parametrize("crop_pct,resize,match", [
+    (0.05, "shorter_side_center_crop", r"preprocess.crop_pct must be null or a number from 0.1 to 1"),
+    (1.5, "squash", r"from 0.1 to 1, got 1.5"),
+    ("0.9", "squash", r"from 0.1 to 1, got '0.9'"),
+    (0.9, "patch_multiple", r"null under the 'patch_multiple' rule"),
+])
+def test_crop_pct_is_validated(valid, crop_pct, resize, match):
+    d = copy.deepcopy(valid)
+    d["preprocess"].update(crop_pct=crop_pct, resize=resize)
+    with pytest.raises(BundleError, match=match):
+        Manifest.from_dict(d)
+
+
+def test_crop_pct_round_trips_and_is_omitted_when_unset(valid):
+    assert "crop_pct" not in Manifest.from_dict(valid).to_dict()["preprocess"]
+    d = copy.deepcopy(valid)
+    d["preprocess"].update(crop_pct=0.875, resize="squash")
+    m = Manifest.from_dict(d)
+    assert (m.preprocess.crop_pct, m.preprocess.resize) == (0.875, "squash")
+    assert m.to_dict()["preprocess"]["crop_pct"] == 0.875

@@ -110,3 +110,25 @@ def _png(w=64, h=64) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(gradient(w, h)).save(buf, format="PNG")
     return buf.getvalue()
+
+
+@pytest.mark.parametrize("rule,crop_pct,wh,resized", [
+    ("shorter_side_center_crop", 0.875, (640, 480), (256, 341)),  # 224 / 0.875 = 256
+    ("shorter_side_center_crop", 0.875, (480, 640), (341, 256)),
+    ("shorter_side_center_crop", None, (640, 480), (224, 299)),  # just covers, rounded
+    ("squash", None, (640, 480), (224, 224)),
+    ("squash", 0.875, (640, 480), (256, 256)),
+])
+def test_crop_pct_and_squash_resize_then_crop(rule, crop_pct, wh, resized):
+    from vit_deploy.runtime.preprocess import resized_size
+
+    assert resized_size(rule, crop_pct, (224, 224), *wh) == resized
+    p = pre(resolution=(224, 224), resize=rule, crop_pct=crop_pct)
+    assert p(gradient(*wh)).shape == (3, 224, 224)
+
+
+def test_crop_pct_is_refused_where_it_means_nothing():
+    with pytest.raises(ValueError, match="crop_pct must be None under the 'patch_multiple'"):
+        pre(resize="patch_multiple", crop_pct=0.9)
+    with pytest.raises(ValueError, match="crop_pct must be None or a number from 0.1 to 1"):
+        pre(crop_pct=0)

@@ -27,10 +27,13 @@ from vit_deploy.runtime.sizes import format_resolution
                    "resizes to it. Default: the native resolution.")
 @click.option("--native-res", type=RESOLUTION, default=None,
               help="Native resolution of a newly built model (its position table). Default 224.")
-@click.option("--checkpoint", type=click.Path(path_type=Path), default=None,
+@click.option("--checkpoint", default=None, metavar="PATH|hf:ORG/NAME[@REV]|timm:NAME[@REV]",
               help="Weights: a vit-deploy .safetensors (carries its config), a timm state dict "
-                   "(.safetensors / .pth / .bin), or a Hugging Face directory (ViT, DeiT, "
-                   "DINOv2, DINOv2 with registers). Default: random weights (seeded).")
+                   "(.safetensors / .pth / .bin), a Hugging Face directory (ViT, DeiT, "
+                   "DINOv2, DINOv2 with registers), or a hub name (hf:ORG/NAME[@REVISION], "
+                   "timm:NAME[@REVISION]) fetched through huggingface_hub's cache "
+                   "(HF_HUB_OFFLINE=1: the cache only). A checkpoint's own preprocessing "
+                   "and class names come along. Default: random weights (seeded).")
 @click.option("--from", "source", type=click.Choice(["auto", "vit-deploy", "timm", "hf"]),
               default="auto", show_default=True, help="Checkpoint format.")
 @click.option("--heads", type=click.IntRange(1, 1024), default=None,
@@ -69,7 +72,7 @@ from vit_deploy.runtime.sizes import format_resolution
               "kept), and try resolutions whose memory estimate exceeds what is available.")
 @quiet_option
 def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | None,
-           native_res: tuple[int, int] | None, checkpoint: Path | None, source: str,
+           native_res: tuple[int, int] | None, checkpoint: str | None, source: str,
            heads: int | None, pos_embed: str, pool: str,
            num_classes: int | None, static: bool, no_simplify: bool, features: bool,
            outputs: str | None, layers: str | None, layer_norm: bool, merge: str | None,
@@ -82,6 +85,7 @@ def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | N
     """
     from vit_deploy.export.bundle import (ExportOptions, default_bundle_name, export_bundle,
                                           model_from_flags, validate_request)
+    from vit_deploy.export.sources import open_checkpoint
     from vit_deploy.info import BundleSummary
     from vit_deploy.outputs import parse_layers, parse_names
     from vit_deploy.progress import steps
@@ -89,6 +93,7 @@ def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | N
     from vit_deploy.runtime.manifest import load_manifest
 
     labels = read_labels(labels_file) if labels_file else None
+    src = open_checkpoint(checkpoint, source=source) if checkpoint else None  # hub: fetched
     options = ExportOptions(resolution=resolution, static=static, simplify=not no_simplify,
                             opset=opset, features=features, force=force, labels=labels,
                             allow_large=force, outputs=parse_names(outputs),
@@ -99,8 +104,10 @@ def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | N
                                            pool=pool), options)
     model, fmt = model_from_flags(variant_name, patch=patch, native_res=native_res,
                                   num_classes=num_classes, pos_embed=pos_embed, pool=pool,
-                                  seed=seed, checkpoint=checkpoint, source=source, heads=heads,
-                                  merge=merge)
+                                  seed=seed, checkpoint=src.path if src else None,
+                                  source=src.source if src else source, heads=heads, merge=merge)
+    if src is not None:  # its preprocessing, class names and origin go into the manifest
+        options = src.export_options(model, options)
     cfg = model.cfg
     resolution = validate_request(cfg, options)  # fail fast, before minutes of work
     out = out or Path(default_bundle_name(cfg, resolution))

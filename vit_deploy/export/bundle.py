@@ -14,6 +14,7 @@ from vit_deploy.atomic import atomic_directory
 from vit_deploy.runtime.contract import (BATCH_DIM, HEIGHT_DIM, INPUT_NAME, MODEL_FILE, OPSET,
                                  WEIGHTS_FILE, WEIGHTS_ROLE, WIDTH_DIM, model_role)
 from vit_deploy.export.checkpoints import save_weights
+from vit_deploy.export.sources import SourcePreprocess
 from vit_deploy.export.onnx import ExportError, OnnxOptions, export_onnx, node_count
 from vit_deploy.export.simplify import simplify_onnx
 from vit_deploy.runtime.config import ViTConfig
@@ -43,6 +44,8 @@ class ExportOptions:
     force: bool = False  # replace an output that is not a bundle
     labels: tuple[str, ...] | None = None  # class names, one per class, if known
     allow_large: bool = False  # try sizes whose attention estimate exceeds available memory
+    preprocess: SourcePreprocess | None = None  # the checkpoint's own; None: the config's mean/std
+    source: dict[str, Any] | None = None  # where the weights came from (the export record)
 
 
 @dataclass
@@ -196,7 +199,8 @@ def build_manifest(model: ViT, root: Path, *, options: ExportOptions,
     return Manifest(
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         config=cfg,
-        preprocess=PreprocessSpec(resolution=tuple(resolution), mean=cfg.mean, std=cfg.std),
+        preprocess=(options.preprocess.spec(resolution) if options.preprocess else
+                    PreprocessSpec(resolution=tuple(resolution), mean=cfg.mean, std=cfg.std)),
         io=IOSpec(inputs=(TensorSpec(INPUT_NAME, "float32",
                                      (BATCH_DIM, cfg.in_chans, h_dim, w_dim)),),
                   outputs=tuple(outputs), dynamic=not options.static, patch_size=cfg.patch_size,
@@ -207,7 +211,8 @@ def build_manifest(model: ViT, root: Path, *, options: ExportOptions,
         models={"fp32": MODEL_FILE},
         files={MODEL_FILE: FileEntry.of(root / MODEL_FILE, model_role("fp32")),
                WEIGHTS_FILE: FileEntry.of(root / WEIGHTS_FILE, WEIGHTS_ROLE)},
-        export={"opset": options.opset, "static": options.static, **record},
+        export={"opset": options.opset, "static": options.static, **record,
+                **({"source": options.source} if options.source else {})},
         parity=report.to_dict(),
         versions=versions(),
     )

@@ -36,8 +36,11 @@ WEIGHTS_FILE = "weights.safetensors"
 WEIGHTS_ROLE = "weights"
 LOCK_NAME = ".vit-deploy.lock"  # beside the bundle: two writers on one bundle take turns
 
-# Preprocessing rules the runtime implements (runtime/preprocess.py).
-RESIZE_RULES = ("shorter_side_center_crop", "patch_multiple")
+# Preprocessing rules the runtime implements (runtime/preprocess.py): keep the aspect and
+# centre-crop; keep the aspect, sides rounded to patch multiples; or squash (timm's name:
+# each side scaled on its own, Hugging Face's size {height, width}), then maybe crop.
+RESIZE_RULES = ("shorter_side_center_crop", "patch_multiple", "squash")
+MIN_CROP_PCT = 0.1  # a crop_pct resizes to side / crop_pct first: at most 10x the crop
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "lanczos")
 
 PRECISIONS = ("fp32", "fp16", "int8", "int8-static", "int4")  # int8 = dynamic

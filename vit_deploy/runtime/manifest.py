@@ -163,7 +163,7 @@ class Manifest:
             "format_version": self.format_version,
             "created": self.created,
             "config": self.config.to_dict(),
-            "preprocess": _plain(dataclasses.asdict(self.preprocess)),
+            "preprocess": self.preprocess.to_dict(),
             "io": _plain(dataclasses.asdict(self.io)),
             "labels": list(self.labels) if self.labels is not None else None,
             "models": dict(self.models),

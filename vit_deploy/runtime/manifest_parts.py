@@ -14,7 +14,7 @@ from typing import Any
 
 from vit_deploy.runtime.config import ViTConfig, check_normalization
 from vit_deploy.runtime.contract import (BUCKET_POLICIES, INTERPOLATIONS, MANIFEST_NAME,
-                                         PRECISIONS, RESIZE_RULES, TARGETS)
+                                         MIN_CROP_PCT, PRECISIONS, RESIZE_RULES, TARGETS)
 from vit_deploy.runtime.errors import BAD_INPUT, VitDeployError
 from vit_deploy.runtime.files import sha256_file
 from vit_deploy.runtime.sizes import MAX_SIDE
@@ -81,6 +81,16 @@ class PreprocessSpec:
     scale: float = 1 / 255
     color: str = "RGB"
     layout: str = "NCHW"
+    # timm's crop_pct: resize to floor(side / crop_pct) first, then centre-crop the
+    # resolution (shorter_side_center_crop, squash). None: resize just to cover it.
+    crop_pct: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """As JSON; crop_pct only when set (bundles without it read as before it existed)."""
+        d = _plain(dataclasses.asdict(self))
+        if d["crop_pct"] is None:
+            del d["crop_pct"]
+        return d
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,6 +226,14 @@ def _preprocess(pre: dict[str, Any], config: ViTConfig, io: IOSpec, where: str) 
     if "scale" in pre:
         _need(pre["scale"] is not None, where, "preprocess.scale", "a number", None)
         fields["scale"] = float(pre["scale"])
+    crop_pct = pre.get("crop_pct")
+    if crop_pct is not None:
+        _need(is_finite_number(crop_pct) and MIN_CROP_PCT <= crop_pct <= 1, where,
+              "preprocess.crop_pct", f"null or a number from {MIN_CROP_PCT} to 1", crop_pct)
+        _need(fields.get("resize", PreprocessSpec.resize) != "patch_multiple", where,
+              "preprocess.crop_pct", "null under the 'patch_multiple' rule (it never crops)",
+              crop_pct)
+        fields["crop_pct"] = float(crop_pct)
     return PreprocessSpec(**fields)
 
 

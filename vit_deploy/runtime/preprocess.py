@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -14,7 +15,7 @@ import numpy as np
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
 from vit_deploy.runtime.config import check_normalization
-from vit_deploy.runtime.contract import RESIZE_RULES
+from vit_deploy.runtime.contract import MIN_CROP_PCT, RESIZE_RULES
 from vit_deploy.runtime.manifest import Manifest
 from vit_deploy.runtime.sizes import MAX_SIDE, require_patch_multiple
 from vit_deploy.runtime.errors import BAD_INPUT, VitDeployError
@@ -46,6 +47,7 @@ class Preprocess:
     resize: str = "shorter_side_center_crop"
     interpolation: str = "bicubic"
     scale: float = 1 / 255
+    crop_pct: float | None = None  # resize to floor(side / crop_pct), then crop (timm's rule)
     # Called with the model input's (H, W) once it is known and before any pixel is resized
     # or allocated: a session passes its size check (patch multiples, memory guard), so a
     # size it would refuse is refused before gigabytes are spent preparing it.
@@ -79,19 +81,31 @@ class Preprocess:
         if self.interpolation not in _RESAMPLE:
             raise ValueError(f"interpolation must be one of {sorted(_RESAMPLE)}, got "
                              f"{self.interpolation!r}")
+        if self.crop_pct is not None:
+            cp = self.crop_pct
+            if isinstance(cp, bool) or not isinstance(cp, (int, float, np.floating)) \
+                    or not MIN_CROP_PCT <= cp <= 1:
+                raise ValueError(f"crop_pct must be None or a number from {MIN_CROP_PCT} to 1, "
+                                 f"got {cp!r}"[:200])
+            if self.resize == "patch_multiple":
+                raise ValueError("crop_pct must be None under the 'patch_multiple' rule (it "
+                                 f"never crops), got {cp!r}")
+            object.__setattr__(self, "crop_pct", float(cp))
 
     @classmethod
     def from_manifest(cls, manifest: Manifest, **overrides: Any) -> Preprocess:
         pre = manifest.preprocess
         fields = dict(resolution=pre.resolution, patch_size=manifest.io.patch_size,
                       mean=pre.mean, std=pre.std, resize=pre.resize,
-                      interpolation=pre.interpolation, scale=pre.scale)
+                      interpolation=pre.interpolation, scale=pre.scale, crop_pct=pre.crop_pct)
         fields.update({k: v for k, v in overrides.items() if v is not None})
+        if fields["resize"] == "patch_multiple":  # a rule given as an override: no crop
+            fields["crop_pct"] = None
         return cls(**fields)
 
     def target_size(self, width: int, height: int) -> tuple[int, int]:
         """(H, W) the image will have after resizing (and cropping)."""
-        if self.resize == "shorter_side_center_crop":
+        if self.resize != "patch_multiple":  # cropped (or squashed) to the resolution
             return self.resolution
         P = self.patch_size
         scale = min(self.resolution) / min(width, height)
@@ -106,7 +120,7 @@ class Preprocess:
         if self.guard is not None:
             self.guard(th, tw)  # before anything is resized or allocated
         image = image.resize((rw, rh), _RESAMPLE[self.interpolation])
-        if (rh, rw) != (th, tw):  # shorter side resized to cover the target: centre crop
+        if (rh, rw) != (th, tw):  # resized to cover the target: centre crop (floor offsets)
             left, top = (rw - tw) // 2, (rh - th) // 2
             image = image.crop((left, top, left + tw, top + th))
         x = np.asarray(image, dtype=np.float32) * np.float32(self.scale)  # (H, W, C)
@@ -223,14 +237,43 @@ def _resize_plan(pre: Preprocess, width: int, height: int
     if max(th, tw) > MAX_SIDE:
         raise ImageError(f"a {width}x{height} image becomes a {tw}x{th} input under {rule}; "
                          f"expected sides of at most {MAX_SIDE}")
-    rh, rw = th, tw
-    if pre.resize == "shorter_side_center_crop":
-        s = max(th / height, tw / width)
-        rh, rw = max(th, round(height * s)), max(tw, round(width * s))
+    rh, rw = resized_size(pre.resize, pre.crop_pct, (th, tw), width, height)
     if rw * rh > MAX_PIXELS:
         raise ImageError(f"a {width}x{height} image is resized to {rw}x{rh} = {rw * rh} pixels "
                          f"under {rule}, over the limit of {MAX_PIXELS}")
     return (th, tw), (rh, rw)
+
+
+def resized_size(rule: str, crop_pct: float | None, target: tuple[int, int], width: int,
+                 height: int) -> tuple[int, int]:
+    """(H, W) a width x height image is resized to before the centre crop to `target`.
+
+    - shorter_side_center_crop, no crop_pct: scaled to just cover the target (sides rounded).
+    - shorter_side_center_crop with crop_pct, as timm's eval transform (and Hugging Face's
+      shortest_edge + crop_size): the scale size is floor(side / crop_pct) per target side;
+      a square one is the shorter side's length, the longer side int(S * long / short)
+      (torchvision's Resize(int), transformers' get_resize_output_image_size); otherwise
+      timm's ResizeKeepRatio: both sides divided by min(h / Sh, w / Sw), rounded.
+    - squash: each side to floor(side / crop_pct) (crop_pct None: the target itself).
+    - patch_multiple: the target (never cropped)."""
+    th, tw = target
+    if rule == "patch_multiple":
+        return th, tw
+    sh, sw = (math.floor(th / crop_pct), math.floor(tw / crop_pct)) if crop_pct is not None else (th, tw)
+    if rule == "squash":
+        return max(th, sh), max(tw, sw)
+    if crop_pct is None:
+        s = max(th / height, tw / width)
+        return max(th, round(height * s)), max(tw, round(width * s))
+    if sh == sw:
+        if width <= height:
+            rh, rw = int(sw * height / width), sw
+        else:
+            rh, rw = sh, int(sh * width / height)
+    else:
+        ratio = min(height / sh, width / sw)
+        rh, rw = round(height / ratio), round(width / ratio)
+    return max(th, rh), max(tw, rw)
 
 
 def _upright(image: Image.Image) -> Image.Image:

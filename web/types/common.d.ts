@@ -6,7 +6,7 @@
 export declare const BUNDLE_FORMAT: 'vit-deploy-bundle';
 /** The newest manifest format this runtime reads. */
 export declare const BUNDLE_FORMAT_VERSION: number;
-export type ResizeRule = 'shorter_side_center_crop' | 'patch_multiple';
+export type ResizeRule = 'shorter_side_center_crop' | 'patch_multiple' | 'squash';
 export type Interpolation = 'bicubic' | 'bilinear' | 'nearest' | 'lanczos';
 export declare const RESIZE_RULES: ResizeRule[];
 export declare const INTERPOLATIONS: Interpolation[];
@@ -14,6 +14,8 @@ export declare const INTERPOLATIONS: Interpolation[];
 export declare const MAX_PIXELS: number;
 /** The longest side a resize rule may give the model input. */
 export declare const MAX_SIDE: number;
+/** The smallest crop_pct (resize to side / crop_pct first: at most 10x the crop). */
+export declare const MIN_CROP_PCT: number;
 /** What `vit-deploy web` adds beside the manifest. */
 export declare const WEB_RECORD: 'web.json';
 export declare const LOGITS: 'logits';
@@ -78,6 +80,8 @@ export interface PreprocessFields {
   resize: ResizeRule;
   interpolation: Interpolation;
   scale: number;
+  /** timm's crop_pct: resize to floor(side / cropPct), then centre-crop; null: just cover. */
+  cropPct: number | null;
 }
 /** What a caller may replace of the manifest's preprocessing (undefined / null: kept). */
 export interface PreprocessOverrides {
@@ -88,15 +92,18 @@ export interface PreprocessOverrides {
   resize?: ResizeRule | null;
   interpolation?: Interpolation | null;
   scale?: number | null;
+  cropPct?: number | null;
 }
 
 /** vit_deploy/runtime/preprocess.py in JavaScript: the same tensor as Python, bit for bit. */
 export declare class Preprocess implements Readonly<PreprocessFields> {
-  constructor(fields: Omit<PreprocessFields, 'resolution' | 'resize' | 'interpolation' | 'scale'> & {
+  constructor(fields: Omit<PreprocessFields, 'resolution' | 'resize' | 'interpolation' | 'scale' |
+    'cropPct'> & {
     resolution: number | [number, number];
     resize?: ResizeRule;
     interpolation?: Interpolation;
     scale?: number;
+    cropPct?: number | null;
   });
   readonly resolution: [number, number];
   readonly patchSize: number;
@@ -105,6 +112,7 @@ export declare class Preprocess implements Readonly<PreprocessFields> {
   readonly resize: ResizeRule;
   readonly interpolation: Interpolation;
   readonly scale: number;
+  readonly cropPct: number | null;
   /** The manifest's preprocessing with `overrides` applied. */
   static fromManifest(manifest: Manifest, overrides?: PreprocessOverrides): Preprocess;
   /** [H, W] the image will have after resizing (and cropping). */

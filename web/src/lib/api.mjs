@@ -3,8 +3,8 @@
 // int8Warning to its platform (vit.mjs's bindPlatform).
 export {
   BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, BundleError, ImageError, INT8_CPUS, INTERPOLATIONS,
-  isGridOutput, LOGITS, MAX_ABS_MEAN, MAX_PIXELS, MAX_SCALE, MAX_SIDE, MAX_STD, MIN_SCALE,
-  MIN_STD, OutputError, PATCH_TOKENS, RESIZE_RULES, WEB_RECORD, X86_INT8_EXACT,
+  isGridOutput, LOGITS, MAX_ABS_MEAN, MAX_PIXELS, MAX_SCALE, MAX_SIDE, MAX_STD, MIN_CROP_PCT,
+  MIN_SCALE, MIN_STD, OutputError, PATCH_TOKENS, RESIZE_RULES, WEB_RECORD, X86_INT8_EXACT,
 } from './common.mjs';
 export { exifOrientation, orient } from './decode.mjs';
 export { checkNormalization, exactInt8, int8Cpu, readManifest } from './manifest.mjs';

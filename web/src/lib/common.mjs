@@ -3,7 +3,8 @@
 
 export const BUNDLE_FORMAT = 'vit-deploy-bundle';
 export const BUNDLE_FORMAT_VERSION = 2; // the newest manifest format this module reads
-export const RESIZE_RULES = ['shorter_side_center_crop', 'patch_multiple'];
+export const RESIZE_RULES = ['shorter_side_center_crop', 'patch_multiple', 'squash'];
+export const MIN_CROP_PCT = 0.1; // a crop_pct resizes to side / crop_pct first: at most 10x
 export const INTERPOLATIONS = ['bicubic', 'bilinear', 'nearest', 'lanczos'];
 export const MAX_PIXELS = 89_478_485; // Pillow's decompression-bomb bound, as in Python
 export const MAX_SIDE = 16384; // the longest side a resize rule may give the model input

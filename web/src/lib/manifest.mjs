@@ -3,7 +3,8 @@
 // (runtime/cpu.py in JavaScript).
 import {
   BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, BundleError, INT8_CPUS, INTERPOLATIONS, isInt, isReal,
-  LOGITS, MAX_ABS_MEAN, MAX_SCALE, MAX_SIDE, MAX_STD, MIN_SCALE, MIN_STD, RESIZE_RULES, show,
+  LOGITS, MAX_ABS_MEAN, MAX_SCALE, MAX_SIDE, MAX_STD, MIN_CROP_PCT, MIN_SCALE, MIN_STD, RESIZE_RULES,
+  show,
   X86_INT8_EXACT,
 } from './common.mjs';
 import { GENERATOR } from './check.mjs';
@@ -102,6 +103,12 @@ export function readManifest(m, where = 'manifest') {
     resize);
   need(INTERPOLATIONS.includes(interpolation), where, 'preprocess.interpolation',
     `one of ${show(INTERPOLATIONS)}`, interpolation);
+  const cropPct = pre.crop_pct ?? null;
+  need(cropPct === null || (typeof cropPct === 'number' && cropPct >= MIN_CROP_PCT &&
+    cropPct <= 1), where, 'preprocess.crop_pct', `null or a number from ${MIN_CROP_PCT} to 1`,
+  cropPct);
+  need(cropPct === null || resize !== 'patch_multiple', where, 'preprocess.crop_pct',
+    "null under the 'patch_multiple' rule (it never crops)", cropPct);
   const models = m.models ?? {};
   need(typeof models === 'object' && typeof models.fp32 === 'string', where, 'models',
     'an object with an fp32 model', models);
@@ -128,7 +135,7 @@ export function readManifest(m, where = 'manifest') {
     labels: m.labels ?? null,
     preprocess: {
       resolution: [res[0], res[1]], patchSize: P, mean: [...pre.mean], std: [...pre.std],
-      resize, interpolation, scale,
+      resize, interpolation, scale, cropPct,
     },
   };
 }

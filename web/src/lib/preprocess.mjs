@@ -2,7 +2,7 @@
 // (alpha on white, Pillow's formula) -> resize rule (Pillow's resampler, resample.mjs) ->
 // float32 (pixel * scale - mean) / std, NCHW: the same tensor as Python, bit for bit.
 import {
-  ImageError, INTERPOLATIONS, isInt, MAX_PIXELS, MAX_SIDE, RESIZE_RULES, show,
+  ImageError, INTERPOLATIONS, isInt, MAX_PIXELS, MAX_SIDE, MIN_CROP_PCT, RESIZE_RULES, show,
 } from './common.mjs';
 import { checkNormalization } from './manifest.mjs';
 import { crop, resize } from './resample.mjs';
@@ -18,11 +18,11 @@ export function pyRound(x) {
 
 /**
  * How pixels become model input, read from the manifest (fields as Python's `Preprocess`:
- * resolution [H, W], patchSize, mean, std, resize, interpolation, scale).
+ * resolution [H, W], patchSize, mean, std, resize, interpolation, scale, cropPct).
  */
 export class Preprocess {
   constructor({ resolution, patchSize, mean, std, resize = 'shorter_side_center_crop',
-    interpolation = 'bicubic', scale = 1 / 255 }) {
+    interpolation = 'bicubic', scale = 1 / 255, cropPct = null }) {
     if (!RESIZE_RULES.includes(resize)) {
       throw new Error(`resize rule must be one of ${show(RESIZE_RULES)}, got ${show(resize)}`);
     }
@@ -38,22 +38,30 @@ export class Preprocess {
     if (!(isInt(patchSize, 1) && patchSize <= MAX_SIDE)) {
       throw new Error(`patchSize must be an integer from 1 to ${MAX_SIDE}, got ${show(patchSize)}`);
     }
+    if (cropPct != null && !(typeof cropPct === 'number' && cropPct >= MIN_CROP_PCT && cropPct <= 1)) {
+      throw new Error(`cropPct must be null or a number from ${MIN_CROP_PCT} to 1, got ${show(cropPct)}`);
+    }
+    if (cropPct != null && resize === 'patch_multiple') {
+      throw new Error(`cropPct must be null under the 'patch_multiple' rule (it never crops), got ${show(cropPct)}`);
+    }
     checkNormalization(mean, std, { scale });
     if (mean.length !== 3) throw new Error(`mean and std must hold 3 values (RGB), got ${mean.length}`);
     Object.assign(this, { resolution: [r[0], r[1]], patchSize, mean: [...mean], std: [...std],
-      resize, interpolation, scale });
+      resize, interpolation, scale, cropPct: cropPct ?? null });
     Object.freeze(this);
   }
 
   /** The manifest's preprocessing; `overrides` replaces fields (undefined ones are ignored). */
   static fromManifest(manifest, overrides = {}) {
     const given = Object.fromEntries(Object.entries(overrides).filter(([, v]) => v != null));
-    return new Preprocess({ ...manifest.preprocess, ...given });
+    const fields = { ...manifest.preprocess, ...given };
+    if (fields.resize === 'patch_multiple') fields.cropPct = null; // a rule given as an override
+    return new Preprocess(fields);
   }
 
   /** [H, W] the image will have after resizing (and cropping). */
   targetSize(width, height) {
-    if (this.resize === 'shorter_side_center_crop') return [...this.resolution];
+    if (this.resize !== 'patch_multiple') return [...this.resolution]; // cropped or squashed
     const P = this.patchSize;
     const scale = Math.min(...this.resolution) / Math.min(width, height);
     return [Math.max(P, pyRound(height * scale / P) * P), Math.max(P, pyRound(width * scale / P) * P)];
@@ -70,11 +78,7 @@ export class Preprocess {
       throw new ImageError(`a ${width}x${height} image becomes a ${tw}x${th} input under ${rule}; ` +
         `expected sides of at most ${MAX_SIDE}`);
     }
-    let [rh, rw] = [th, tw];
-    if (this.resize === 'shorter_side_center_crop') {
-      const s = Math.max(th / height, tw / width);
-      [rh, rw] = [Math.max(th, pyRound(height * s)), Math.max(tw, pyRound(width * s))];
-    }
+    const [rh, rw] = resizedSize(this.resize, this.cropPct, [th, tw], width, height);
     if (rw * rh > MAX_PIXELS) {
       throw new ImageError(`a ${width}x${height} image is resized to ${rw}x${rh} = ${rw * rh} ` +
         `pixels under ${rule}, over the limit of ${MAX_PIXELS}`);
@@ -91,7 +95,7 @@ export class Preprocess {
     const { width, height } = rgb;
     const { target: [th, tw], resized: [rh, rw] } = this.plan(width, height);
     let pixels = resize(rgb.data, width, height, rw, rh, this.interpolation);
-    if (rh !== th || rw !== tw) { // shorter side resized to cover the target: centre crop
+    if (rh !== th || rw !== tw) { // resized to cover the target: centre crop (floor offsets)
       pixels = crop(pixels, rw, Math.floor((rw - tw) / 2), Math.floor((rh - th) / 2), tw, th);
     }
     // numpy float32 arithmetic, bit for bit: x * f32(scale), then (x - f32(mean)) / f32(std)
@@ -106,6 +110,30 @@ export class Preprocess {
     }
     return { data: out, dims: [1, 3, th, tw] };
   }
+}
+
+/**
+ * [H, W] a width x height image is resized to before the centre crop to `target`: Python's
+ * resized_size (runtime/preprocess.py), the same arithmetic (IEEE doubles, floor, trunc and
+ * Python's round).
+ */
+export function resizedSize(rule, cropPct, [th, tw], width, height) {
+  if (rule === 'patch_multiple') return [th, tw];
+  const [sh, sw] = cropPct != null ? [Math.floor(th / cropPct), Math.floor(tw / cropPct)] : [th, tw];
+  if (rule === 'squash') return [Math.max(th, sh), Math.max(tw, sw)];
+  if (cropPct == null) {
+    const s = Math.max(th / height, tw / width);
+    return [Math.max(th, pyRound(height * s)), Math.max(tw, pyRound(width * s))];
+  }
+  let rh; let rw;
+  if (sh === sw) {
+    if (width <= height) [rh, rw] = [Math.trunc(sw * height / width), sw];
+    else [rh, rw] = [sh, Math.trunc(sh * width / height)];
+  } else {
+    const ratio = Math.min(height / sh, width / sw);
+    [rh, rw] = [pyRound(height / ratio), pyRound(width / ratio)];
+  }
+  return [Math.max(th, rh), Math.max(tw, rw)];
 }
 
 /** RGBA or RGB pixels -> { data: RGB Uint8Array, width, height }, alpha on white (Pillow). */
