@@ -276,3 +276,23 @@ def test_compare_lays_out_reports_of_three_runtimes(quantised_bundle, tmp_path):
     assert row("cpu", "int8")[0].startswith("pass cos 0.99")
     assert row("wasm", "fp32") == ["-", "-", "3.10 / 3.88 (wasm), pass cos 1.000000"]
     assert row("webgpu", "fp32")[2] == "12000.00 / 15000.00 (webgpu), FAIL 1/1 cos 0.999000"
+
+
+def test_gpu_check_proves_with_the_references_without_torch(quantised_bundle, tmp_path):
+    """make gpu-check's steps on the CPU (PROVIDERS=cpu), torch blocked: the golden check
+    runs and passes, the PyTorch check is skipped, the bench report has the schema."""
+    env = _shim(tmp_path) | {"BIN": str(Path(sys.executable).parent), "BUNDLE":
+                             str(quantised_bundle), "PROVIDERS": "cpu", "RES": "24x40",
+                             "BENCH_BATCH": "1", "RUNS": "2"}
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(out)], env=env,
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    golden = json.loads((out / "check-golden-cpu.json").read_text())
+    _assert_schema(golden, "check")
+    assert golden["passed"] is True and golden["reference"].startswith("golden references")
+    assert {c["precision"] for c in golden["cases"]} == {"fp32"}  # fp16 / int8-static absent
+    assert not (out / "check-cpu.json").exists()  # no torch: no PyTorch check
+    bench = json.loads((out / "bench.json").read_text())
+    _assert_schema(bench, "bench")
+    assert [(t["provider"], t["resolution"]) for t in bench["latency"]] == [("cpu", [24, 40])]
