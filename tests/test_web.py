@@ -63,6 +63,10 @@ def _external_data_bundle(src: Path, dst: Path) -> None:
     manifest["files"] = {MODEL_FILE: asdict(FileEntry.of(dst / MODEL_FILE, "model:fp32")),
                          "model.onnx.data": asdict(FileEntry.of(dst / "model.onnx.data",
                                                                 "data:fp32"))}
+    if "references" in manifest:  # the golden references come along unchanged
+        name = manifest["references"]["file"]
+        shutil.copyfile(src / name, dst / name)
+        manifest["files"][name] = asdict(FileEntry.of(dst / name, "references"))
     (dst / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))
 
 
@@ -81,6 +85,8 @@ def _without_output(src: Path, dst: Path, name: str) -> None:
     onnx.save_model(model, str(dst / MODEL_FILE))
     manifest = json.loads((src / MANIFEST_NAME).read_text())
     manifest["io"]["outputs"] = [o for o in manifest["io"]["outputs"] if o["name"] != name]
+    for case in manifest.get("references", {}).get("cases", []):  # nor its golden outputs
+        case["outputs"].pop(name, None)
     manifest["models"] = {"fp32": MODEL_FILE}
     manifest["files"][MODEL_FILE] = asdict(FileEntry.of(dst / MODEL_FILE, "model:fp32"))
     (dst / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))
@@ -246,7 +252,8 @@ def test_web_writes_a_site_that_can_be_rewritten(fixtures, tmp_path):
     record = json.loads((site / "bundle" / "web.json").read_text())
     assert record["precisions"] == ["int8", "fp32"] and record["threads"] == 2
     assert {p.name for p in (site / "bundle").iterdir()} == {
-        "manifest.json", "model.onnx", "model.int8.onnx", "web.json"}
+        "manifest.json", "model.onnx", "model.int8.onnx", "web.json",
+        "references.bin"}  # the golden references, for vit.check() in the page
     assert (site / "ort" / "ort-wasm-simd-threaded.wasm").stat().st_size > 1e6
     assert "ViT.load" in (site / "index.html").read_text()
 

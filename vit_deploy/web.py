@@ -9,7 +9,8 @@ preview server that sends what multi-threaded WebAssembly needs.
       browser.mjs         the browser's own entry (the same API, nothing of Node's): the
                           page imports it by the package's name, 'vit-deploy' (import map)
       lib/                the modules both import (web/src/lib, less Node's platform module)
-      bundle/             manifest.json, the chosen model files (+ external data),
+      bundle/             manifest.json, the chosen model files (+ external data), the
+                          golden references (references.bin, for vit.check()),
                           web.json (precisions, threads, external data, sizes)
       ort/                onnxruntime-web: WebAssembly build, WebGPU build, their .wasm
       manifest.json       every file's sha256 (so a re-run may replace the site)
@@ -221,7 +222,8 @@ def write_site(bundle: str | Path, out: str | Path, *, precisions: Sequence[str]
             shutil.copy2(sources.root / "src" / name, tmp / name)
         (tmp / BUNDLE_DIR).mkdir()
         shutil.copy2(bundle / MANIFEST_NAME, tmp / BUNDLE_DIR / MANIFEST_NAME)
-        for name in sorted({f for files in models.values() for f in files}):
+        references = [manifest.references.file] if manifest.references else []  # vit.check()
+        for name in sorted({f for files in models.values() for f in files} | {*references}):
             (tmp / BUNDLE_DIR / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(bundle / name, tmp / BUNDLE_DIR / name)
         (tmp / BUNDLE_DIR / WEB_RECORD).write_text(json.dumps(record, indent=2) + "\n")
