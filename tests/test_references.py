@@ -172,7 +172,7 @@ def test_an_old_bundle_without_references(quantised_bundle, tmp_path):
     (lambda m: m["references"]["cases"][0]["outputs"].update(nope={"offset": 0, "shape": [2]}),
      "outputs the bundle declares"),
     (lambda m: m["references"].update(file="model.onnx"), "role 'references'"),
-    (lambda m: m["references"]["cases"][0].update(shape=[2, 3, 20, 40]), "multiples of 8"),
+    (lambda m: m["references"]["cases"][0].update(shape=[2, 3, 0, 40]), "shape: \\[batch"),
 ], ids=["offset", "output", "file", "shape"])
 def test_the_manifest_refuses_bad_references(quantised_bundle, change, message):
     m = json.loads((quantised_bundle / "manifest.json").read_text())
