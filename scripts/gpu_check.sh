@@ -1,14 +1,26 @@
 #!/usr/bin/env bash
-# GPU check (issue 14): on a machine with CUDA, export the default model, check it on cuda
-# and tensorrt for fp32 / fp16 / int8-static, bench cpu / cuda / tensorrt with and without
-# IO binding, and time TensorRT's cold start with an empty and a warm engine cache. Every
-# report goes into OUT.  Usage: scripts/gpu_check.sh OUT   (make gpu-check OUT=dir)
+# GPU check (issues 14, 27): on a machine with CUDA, export the default model, check it on
+# cuda and tensorrt for fp32 / fp16 / int8-static against the golden references the bundle
+# stores (no torch needed: a machine without a CUDA-enabled torch still proves CUDA and
+# TensorRT parity) and, where torch imports, against PyTorch too; bench cpu / cuda /
+# tensorrt with and without IO binding, and time TensorRT's cold start with an empty and a
+# warm engine cache. Every report goes into OUT.
+#   Usage: scripts/gpu_check.sh OUT   (make gpu-check OUT=dir)
+#   BUNDLE=dir: use this bundle (exported elsewhere) instead of exporting one here.
+#   PROVIDERS="cuda tensorrt" (default), RES=224,448, CHECK_BATCH=1,4, BENCH_BATCH=1,8,
+#   RUNS=30: what is checked and measured (PROVIDERS=cpu runs the same steps on the CPU).
 set -euo pipefail
 OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR}
 BIN=${BIN:-.venv/bin}
 PY=$BIN/python
+PROVIDERS=${PROVIDERS:-cuda tensorrt}
+RES=${RES:-224,448}
+CHECK_BATCH=${CHECK_BATCH:-1,4}
+BENCH_BATCH=${BENCH_BATCH:-1,8}
+RUNS=${RUNS:-30}
 mkdir -p "$OUT"
-if ! "$PY" - <<'PY'
+case " $PROVIDERS " in *" cuda "*|*" tensorrt "*) NEED_CUDA=1 ;; *) NEED_CUDA=0 ;; esac
+if [ "$NEED_CUDA" = 1 ] && ! "$PY" - <<'PY'
 import sys
 from vit_deploy.runtime.providers import probe
 p = probe("cuda")
@@ -21,19 +33,45 @@ then
   echo "gpu-check: CUDA is not available on this machine; no GPU figures were produced" >&2
   exit 3
 fi
+if "$PY" -c "import torch" > /dev/null 2>&1; then HAVE_TORCH=1; else HAVE_TORCH=0; fi
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
-B="$OUT/vit-B16-448"
-"$BIN/vit-deploy" export --patch 16 --res 448 --out "$B" --force --quiet --precision fp16,int8-static --calib digits \
-  > "$OUT/export.txt" 2>&1
-"$BIN/vit-deploy" target "$B" --target tensorrt --buckets 224,448 --quiet > "$OUT/target-tensorrt.txt" 2>&1 || true
-for p in cuda tensorrt; do
-  "$BIN/vit-deploy" check "$B" --providers $p --precision fp32,fp16,int8-static --res 224,448 --batch 1,4 \
-    --require --json "$OUT/check-$p.json" --markdown "$OUT/check-$p.md" --quiet > "$OUT/check-$p.txt" 2>&1 || true
+if [ -n "${BUNDLE:-}" ]; then
+  B="$BUNDLE"
+else
+  B="$OUT/vit-B16-448"
+  "$BIN/vit-deploy" export --patch 16 --res 448 --out "$B" --force --quiet --precision fp16,int8-static --calib digits \
+    > "$OUT/export.txt" 2>&1
+  "$BIN/vit-deploy" target "$B" --target tensorrt --buckets 224,448 --quiet > "$OUT/target-tensorrt.txt" 2>&1 || true
+fi
+precisions() {  # those of "$@" the bundle has
+  "$PY" - "$B" "$@" <<'PY'
+import sys
+from vit_deploy.runtime.manifest import load_manifest
+have = load_manifest(sys.argv[1], verify=False).models
+print(",".join(p for p in sys.argv[2:] if p in have))
+PY
+}
+PRECISIONS=$(precisions fp32 fp16 int8-static)
+BENCH_PRECISIONS=$(precisions fp32 fp16)
+for p in $PROVIDERS; do
+  # golden references: every stored case (their sizes, batch 2) and the target's buckets
+  "$BIN/vit-deploy" check "$B" --providers $p --precision "$PRECISIONS" --reference bundle \
+    --require --json "$OUT/check-golden-$p.json" --markdown "$OUT/check-golden-$p.md" --quiet \
+    > "$OUT/check-golden-$p.txt" 2>&1 || true
+  if [ "$HAVE_TORCH" = 1 ]; then
+    "$BIN/vit-deploy" check "$B" --providers $p --precision "$PRECISIONS" --res "$RES" --batch "$CHECK_BATCH" \
+      --reference pytorch --require --json "$OUT/check-$p.json" --markdown "$OUT/check-$p.md" --quiet \
+      > "$OUT/check-$p.txt" 2>&1 || true
+  fi
 done
-"$BIN/vit-deploy" bench "$B" --providers cpu,cuda,tensorrt --precision fp32,fp16 --res 224,448 --batch 1,8 \
-  --runs 30 --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1 || true
-"$BIN/vit-deploy" bench "$B" --providers cuda,tensorrt --precision fp32,fp16 --res 224,448 --batch 1,8 \
-  --runs 30 --io-binding --json "$OUT/bench-iobinding.json" > "$OUT/bench-iobinding.txt" 2>&1 || true
+BENCH_PROVIDERS=$(echo "cpu $PROVIDERS" | tr ' ' '\n' | awk 'NF && !seen[$0]++' | paste -sd, -)
+"$BIN/vit-deploy" bench "$B" --providers "$BENCH_PROVIDERS" --precision "$BENCH_PRECISIONS" --res "$RES" --batch "$BENCH_BATCH" \
+  --runs "$RUNS" --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1 || true
+if [ "$NEED_CUDA" = 1 ]; then
+"$BIN/vit-deploy" bench "$B" --providers cuda,tensorrt --precision "$BENCH_PRECISIONS" --res "$RES" --batch "$BENCH_BATCH" \
+  --runs "$RUNS" --io-binding --json "$OUT/bench-iobinding.json" > "$OUT/bench-iobinding.txt" 2>&1 || true
+fi
+case " $PROVIDERS " in *" tensorrt "*)
 "$PY" - "$B" "$OUT" <<'PY' > "$OUT/tensorrt-cold-start.txt" 2>&1 || true
 import json, shutil, sys, time
 from pathlib import Path
@@ -53,5 +91,6 @@ for precision in ("fp32", "fp16"):
         print(rows[-1])
 (out / "tensorrt-cold-start.json").write_text(json.dumps(rows, indent=2))
 PY
+;; esac
 echo "gpu-check: reports in $OUT"
 ls "$OUT"

@@ -52,8 +52,6 @@ DENSE_OUTPUTS = ("pooled", "logits", "patch_tokens")
 DENSE_LAYERS = (1,)
 DENSE_IMAGES = ("hopper-wide.png", "hopper-small.png")
 # Golden references of the tiny bundle (deploy 48x64, native 32x32) and the dense one (32x32).
-REFERENCE_SIZES = {"deploy": (48, 64), "native": (32, 32), "non-square": (24, 40)}
-DENSE_REFERENCE_SIZES = {"deploy": (32, 32), "non-square": (24, 40)}
 
 
 # -- fixtures: bundles and Python's reference numbers ---------------------------------------
@@ -73,6 +71,10 @@ def _external_data_bundle(src: Path, dst: Path) -> None:
     manifest["files"] = {MODEL_FILE: asdict(FileEntry.of(dst / MODEL_FILE, "model:fp32")),
                          "model.onnx.data": asdict(FileEntry.of(dst / "model.onnx.data",
                                                                 "data:fp32"))}
+    if "references" in manifest:  # the golden references come along unchanged
+        name = manifest["references"]["file"]
+        shutil.copyfile(src / name, dst / name)
+        manifest["files"][name] = asdict(FileEntry.of(dst / name, "references"))
     (dst / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))
 
 
@@ -91,66 +93,11 @@ def _without_output(src: Path, dst: Path, name: str) -> None:
     onnx.save_model(model, str(dst / MODEL_FILE))
     manifest = json.loads((src / MANIFEST_NAME).read_text())
     manifest["io"]["outputs"] = [o for o in manifest["io"]["outputs"] if o["name"] != name]
+    for case in manifest.get("references", {}).get("cases", []):  # nor its golden outputs
+        case["outputs"].pop(name, None)
     manifest["models"] = {"fp32": MODEL_FILE}
     manifest["files"][MODEL_FILE] = asdict(FileEntry.of(dst / MODEL_FILE, "model:fp32"))
     (dst / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))
-
-
-# -- golden references: what the export will write (until it does; then this goes) -----------
-MULBERRY32 = ROOT / "tests" / "data" / "mulberry32.json"  # the generator's first values
-REFERENCE_GENERATOR = "mulberry32-uniform-v1"
-
-
-def mulberry32_uniform(seed: int, shape: tuple[int, ...]) -> np.ndarray:
-    """The input of a reference case from its seed (the shared spec's generator): element i
-    (C order) is mulberry32 with its state advanced i + 1 times, (r / 2**32) * 4 - 2 in
-    float64, rounded to float32."""
-    i = np.arange(1, int(np.prod(shape)) + 1, dtype=np.uint64)
-    a = ((seed + i * 0x6D2B79F5) & 0xFFFFFFFF).astype(np.uint32)
-    t = (a ^ (a >> 15)) * (a | 1)  # uint32 products wrap: Math.imul's low 32 bits
-    t = t ^ (t + (t ^ (t >> 7)) * (t | 61))
-    r = t ^ (t >> 14)
-    return ((r.astype(np.float64) / 2**32) * 4 - 2).astype(np.float32).reshape(shape)
-
-
-def add_golden_references(bundle: Path, forward, sizes: dict[str, tuple[int, int]]) -> None:
-    """references.bin (PyTorch fp32 outputs of seeded batch-2 inputs at `sizes`, name ->
-    (H, W)) and the manifest's `references` record, as the shared spec lays them out.
-    `forward`: numpy_forward of the exported module. Replaced by the export's own."""
-    import torch
-
-    from vit_deploy.runtime.contract import MANIFEST_NAME
-    from vit_deploy.runtime.manifest_parts import FileEntry
-
-    manifest = json.loads((bundle / MANIFEST_NAME).read_text())
-    names = [o["name"] for o in manifest["io"]["outputs"]]
-    cases, blobs, offset = [], [], 0
-    for seed, (name, (h, w)) in enumerate(sizes.items(), start=1):
-        x = mulberry32_uniform(seed, (2, 3, h, w))
-        out = forward(x)
-        out = out if isinstance(out, dict) else {names[0]: out}
-        record = {}
-        for output in names:
-            y = np.ascontiguousarray(out[output], dtype="<f4")
-            record[output] = {"offset": offset, "shape": list(y.shape)}
-            blobs.append(y.tobytes())
-            offset += y.nbytes
-        cases.append({"name": name, "seed": seed, "shape": list(x.shape), "outputs": record})
-    (bundle / "references.bin").write_bytes(b"".join(blobs))
-    manifest["references"] = {"file": "references.bin", "generator": REFERENCE_GENERATOR,
-                              "source": f"pytorch fp32 (torch {torch.__version__})",
-                              "cases": cases}
-    manifest["files"]["references.bin"] = asdict(FileEntry.of(bundle / "references.bin",
-                                                              "references"))
-    (bundle / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2))
-
-
-def write_mulberry32_table(path: Path = MULBERRY32) -> dict:
-    """The shared table both generators are tested against: seed 1, shape [8]."""
-    table = {"generator": REFERENCE_GENERATOR, "seed": 1, "shape": [8],
-             "values": [float(v) for v in mulberry32_uniform(1, (8,))]}
-    path.write_text(json.dumps(table, indent=2) + "\n")
-    return table
 
 
 def _write_f32(path: Path, x: np.ndarray) -> str:
@@ -164,7 +111,7 @@ def make_fixtures(out: Path) -> dict:
     its twin without logits) with Python's features() and predictions, into `out`."""
     from vit_deploy.runtime.config import variant
     from vit_deploy.export.bundle import ExportOptions, export_bundle
-    from vit_deploy.export.model import build_model, numpy_forward
+    from vit_deploy.export.model import build_model
     from vit_deploy.precisions import add_precisions
     from vit_deploy.runtime import ViTSession
     from vit_deploy.runtime.preprocess import Preprocess, load_image
@@ -176,7 +123,6 @@ def make_fixtures(out: Path) -> dict:
                                                        labels=LABELS))
     add_precisions(bundle, ["int8"])
     _external_data_bundle(bundle, out / "bundle-external")
-    add_golden_references(bundle, numpy_forward(model), REFERENCE_SIZES)
     images = sorted(p.name for p in IMAGES.iterdir() if p.suffix in (".png", ".jpg"))
     index: dict = {"images": images, "labels": list(LABELS), "preprocess": [], "logits": [],
                    "rgb": {}}
@@ -215,7 +161,7 @@ def make_fixtures(out: Path) -> dict:
 def _dense_fixtures(out: Path) -> dict:
     from vit_deploy.runtime.config import variant
     from vit_deploy.export.bundle import ExportOptions, export_bundle
-    from vit_deploy.export.model import ViTOutputs, build_model, numpy_forward
+    from vit_deploy.export.model import build_model
     from vit_deploy.runtime import ViTSession
     from vit_deploy.runtime.preprocess import load_image
 
@@ -225,8 +171,6 @@ def _dense_fixtures(out: Path) -> dict:
         resolution=(32, 32), simplify=False, outputs=DENSE_OUTPUTS, layers=DENSE_LAYERS,
         labels=LABELS))
     _without_output(dense, out / "bundle-backbone", "logits")
-    add_golden_references(dense, numpy_forward(ViTOutputs(model, DENSE_OUTPUTS + tuple(
-        f"layer_{b}" for b in DENSE_LAYERS)).eval()), DENSE_REFERENCE_SIZES)
     record: dict = {"outputs": [*DENSE_OUTPUTS, *(f"layer_{b}" for b in DENSE_LAYERS)],
                     "features": [], "logits": []}
     with ViTSession(dense) as session:

@@ -1,74 +1,106 @@
-"""`vit-deploy bench --compare`: saved bench reports side by side."""
+"""`vit-deploy bench --compare`: saved reports side by side, from any runtime (Python bench
+and check reports, Node's `vit.check()`, the page's download: report_schema.py)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vit_deploy.bench_report import BenchReport, CaseResult, ReportError
+from vit_deploy.bench_report import BenchReport
+from vit_deploy.report_schema import Cell, Column, ReportError, check_column, is_schema
 from vit_deploy.runtime.sizes import format_resolution
 
 
 @dataclass
 class Comparison:
-    """Saved bench reports side by side, from one machine or several: one row per case
-    (asked provider, precision, size, batch, threads), one column per report headed by the
-    machine it ran on; each cell is p50 / p90 in ms and the provider that really ran."""
+    """Saved reports side by side, from one machine or several: one row per case (provider
+    asked, precision, size, batch, threads), one column per report headed by the runtime
+    and the machine it ran on; each cell is p50 / p90 in ms and the provider that really
+    ran, and parity where the report checked it (pass / FAIL, worst cosine)."""
 
-    names: list[str]
-    reports: list[BenchReport]
+    columns: list[Column]
+
+    @property
+    def names(self) -> list[str]:
+        return [c.name for c in self.columns]
 
     def rows(self) -> list[list[str]]:
-        keys: dict[tuple, dict[int, CaseResult]] = {}
-        for i, report in enumerate(self.reports):
-            for c in report.cases:
-                precision = c.precision + ("" if c.graph == "dynamic" else f" [{c.graph}]")
-                key = (c.requested, precision, c.resolution, c.batch, c.threads)
-                keys.setdefault(key, {})[i] = c
-        return [[requested, precision, format_resolution(res), str(batch),
-                 str(threads or "default"), *(_cell(by.get(i)) for i in range(len(self.reports)))]
-                for (requested, precision, res, batch, threads), by in keys.items()]
+        keys: dict[tuple, None] = {}
+        for column in self.columns:
+            keys.update(dict.fromkeys(column.cells))
+        return [[asked, precision, format_resolution(res), str(batch),
+                 str(threads or "default"), *(_cell(c.cells.get(k)) for c in self.columns)]
+                for k in keys for asked, precision, res, batch, threads in [k]]
 
     def __rich__(self) -> Any:
         from rich.console import Group
         from rich.table import Table
 
         table = Table("asked", "precision", "res", "batch", "threads",
-                      *[f"{Path(n).stem}: p50 / p90 ms (ran on)\n{_device(r.environment)}"
-                        for n, r in zip(self.names, self.reports)])
+                      *[f"{Path(c.name).stem}: p50 / p90 ms (ran on), parity\n{c.runtime}\n"
+                        f"{c.device}" for c in self.columns])
         for row in self.rows():
             table.add_row(*row)
-        machines = [f"{Path(n).stem}: {_machine(r.environment)}"
-                    for n, r in zip(self.names, self.reports)]
+        machines = [f"{Path(c.name).stem}: {c.machine}" + (
+            "" if c.passed is None else f"; check {'PASS' if c.passed else 'FAIL'}")
+            for c in self.columns]
         return Group(*machines, table)
 
 
-def _cell(c: CaseResult | None) -> str:
+def _cell(c: Cell | None) -> str:
     if c is None:
         return "-"
-    s = c.stats()
-    if s.get("p50_ms") is None:
-        return c.status[:30]
-    p90 = f"{s['p90_ms']:.2f}" if s.get("p90_ms") is not None else "-"
-    return f"{s['p50_ms']:.2f} / {p90} ({c.provider})"
+    parts = []
+    if c.p50_ms is not None:
+        p90 = f"{c.p90_ms:.2f}" if c.p90_ms is not None else "-"
+        parts.append(f"{c.p50_ms:.2f} / {p90} ({c.ran})")
+    elif c.status:
+        parts.append(c.status[:30])
+    if c.parity_cases:
+        cos = "-" if c.worst_cosine is None else f"{c.worst_cosine:.6f}"
+        verdict = "pass" if not c.parity_failed else f"FAIL {c.parity_failed}/{c.parity_cases}"
+        parts.append(f"{verdict} cos {cos}" + ("" if parts else f" ({c.ran})"))
+    return ", ".join(parts) or "-"
 
 
-def _device(env: dict[str, Any]) -> str:
-    """The column's machine: its GPU's name where it has one (nvidia-smi: name, driver,
-    memory), else its CPU."""
-    return str(env.get("gpu") or "").split(",")[0] or str(env.get("cpu") or "unknown machine")
+def bench_column(name: str, report: BenchReport) -> Column:
+    env = report.environment
+    runtime = f"onnxruntime {env.get('onnxruntime') or '?'} (python)"
+    column = Column(name, runtime,
+                    str(env.get("gpu") or "").split(",")[0] or str(env.get("cpu") or "unknown machine"),
+                    f"{env.get('cpu') or 'unknown CPU'} ({env.get('cores') or '?'} cores); GPU "
+                    f"{env.get('gpu') or 'none'}; onnxruntime {env.get('onnxruntime') or '?'}")
+    for c in report.cases:
+        precision = c.precision + ("" if c.graph == "dynamic" else f" [{c.graph}]")
+        s = c.stats()
+        column.cells[(c.requested, precision, c.resolution, c.batch, c.threads)] = Cell(
+            ran=c.provider, p50_ms=s.get("p50_ms"), p90_ms=s.get("p90_ms"), status=c.status)
+    return column
 
 
-def _machine(env: dict[str, Any]) -> str:
-    return (f"{env.get('cpu') or 'unknown CPU'} ({env.get('cores') or '?'} cores); GPU "
-            f"{env.get('gpu') or 'none'}; onnxruntime {env.get('onnxruntime') or '?'}")
+def load_column(path: str | Path) -> Column:
+    """A saved report of any runtime as a column (ReportError if it is not one)."""
+    try:
+        text = Path(path).read_bytes()
+    except OSError as e:
+        raise ReportError(f"cannot read bench report {str(path)!r}: {e.strerror or e}") from None
+    source = repr(str(path))
+    try:
+        data = json.loads(text)
+    except (ValueError, UnicodeDecodeError):
+        data = None  # BenchReport says why
+    if is_schema(data) and data.get("kind") == "check":
+        return check_column(str(path), data, source)
+    return bench_column(str(path), BenchReport.from_json(text, source=source))
 
 
 def compare_reports(paths: Sequence[str | Path]) -> Comparison:
-    """`vit-deploy bench --compare a.json b.json c.json`: reports from other runs or
-    machines, each read by BenchReport.load (ReportError if one is not a report)."""
+    """`vit-deploy bench --compare a.json b.json c.json`: reports from other runs, machines
+    or runtimes (ReportError if one is not a report)."""
     if not paths:
-        raise ReportError("--compare needs one or more saved reports (bench --json)")
-    return Comparison([str(p) for p in paths], [BenchReport.load(p) for p in paths])
+        raise ReportError("--compare needs one or more saved reports (bench --json, check "
+                          "--json, Node's vit.check(), the page's download)")
+    return Comparison([load_column(p) for p in paths])

@@ -49,28 +49,40 @@ def environment() -> dict[str, Any]:
                            "python": platform.python_version(), "cores": os.cpu_count(),
                            "onnxruntime": ort.__version__,
                            "ort_providers_listed": ort.get_available_providers()}
+    env["cpu"] = cpu_name()
     try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-        model = re.search(r"^model name\s*:\s*(.*)$", cpuinfo, re.M)
-        flags = re.search(r"^flags\s*:\s*(.*)$", cpuinfo, re.M)
-        env["cpu"] = model.group(1) if model else platform.processor()
+        flags = re.search(r"^flags\s*:\s*(.*)$", Path("/proc/cpuinfo").read_text(), re.M)
         have = set(flags.group(1).split()) if flags else set()
         env["cpu_flags"] = sorted(f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16",
                                               "avx_vnni", "amx_int8", "amx_bf16", "fma") if f in have)
     except OSError:
-        env["cpu"] = platform.processor()
+        pass
     for mod in ("onnx", "torch", "numpy"):
         try:
             env[mod] = __import__(mod).__version__
         except ImportError:
             env[mod] = None
+    env["gpu"] = gpu_name()
+    return env
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo, else what platform says)."""
+    try:
+        model = re.search(r"^model name\s*:\s*(.*)$", Path("/proc/cpuinfo").read_text(), re.M)
+    except OSError:
+        model = None
+    return model.group(1) if model else platform.processor()
+
+
+def gpu_name() -> str | None:
+    """nvidia-smi's name, driver and memory of each GPU, or None where there is none."""
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
                               "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
-        env["gpu"] = out.stdout.strip() if out.returncode == 0 else None
+        return out.stdout.strip() if out.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired):
-        env["gpu"] = None
-    return env
+        return None
 
 
 def int8_gemm(threads: int, size: int) -> tuple[Any, dict[str, np.ndarray]]:

@@ -12,17 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from vit_deploy.runtime.errors import BAD_INPUT, VitDeployError
+from vit_deploy.report_schema import ReportError, device, envelope
 from vit_deploy.runtime.manifest import dumps_strict
 from vit_deploy.runtime.sizes import format_resolution
 
 STATS = ("p50_ms", "p90_ms", "p99_ms", "mean_ms", "min_ms", "max_ms", "runs", "images_per_s")
-
-
-class ReportError(VitDeployError, ValueError):
-    """A saved bench report that cannot be read: says which file, which field and why."""
-
-    exit_code = BAD_INPUT
 
 
 @dataclass
@@ -73,14 +67,33 @@ class BenchReport:
     budget_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        d = {"bundle": self.bundle, "environment": self.environment, "options": self.options,
-             "cases": [c.to_dict() for c in self.cases]}
+        """The shared report schema (report_schema.py, kind "bench": its rows under
+        `latency`) with this report's own fields: `cases` are the full bench records."""
+        d = envelope("bench", bundle=self.bundle, device=device(self.environment),
+                     reference="none (latency only)",
+                     passed=all(c.status == "ok" for c in self.cases))
+        d |= {"environment": self.environment, "options": self.options,
+              "cases": [c.to_dict() for c in self.cases], "latency": self.latency()}
         if self.budget_ms is not None:
             d["budget"] = within_budget(self, self.budget_ms)
         return d
 
     def to_json(self) -> str:
         return dumps_strict(self.to_dict())
+
+    def latency(self) -> list[dict[str, Any]]:
+        """The schema's latency rows: one per measured case (provider = what ran)."""
+        rows = []
+        for c in self.cases:
+            s = c.stats()
+            if s.get("p50_ms") is None:
+                continue
+            rows.append({"provider": c.provider, "precision": c.precision,
+                         "resolution": list(c.resolution), "batch": c.batch,
+                         "p50_ms": s["p50_ms"], "p90_ms": s.get("p90_ms"),
+                         "runs": int(s.get("runs") or 0), "threads": c.threads,
+                         "graph": c.graph})
+        return rows
 
     @classmethod
     def from_json(cls, text: str | bytes, *, source: str = "report") -> BenchReport:

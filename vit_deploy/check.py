@@ -1,11 +1,21 @@
-"""`vit-deploy check`: a bundle against PyTorch, every provider × precision × size × batch."""
+"""`vit-deploy check`: a bundle against PyTorch, every provider × precision × size × batch.
+
+The reference is PyTorch rebuilt from the bundle's weights (`pytorch`), or the golden
+outputs stored in the bundle at export (`bundle`: runtime/references.py, no torch needed).
+`auto` takes PyTorch where torch imports and the bundle has weights, else the references.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vit_deploy.report_schema import device, envelope
+from vit_deploy.runtime.manifest_parts import BundleError
+from vit_deploy.runtime.references import iter_references
 
 from vit_deploy.runtime.contract import PRECISIONS
 from vit_deploy.outputs import OutputSelection
@@ -15,7 +25,7 @@ from vit_deploy.runtime.manifest import Manifest, dumps_strict, load_manifest
 from vit_deploy.runtime.providers import parse_providers, short_name
 from vit_deploy.runtime.ort_session import RuntimeOptions
 from vit_deploy.runtime.session import ViTSession
-from vit_deploy.runtime.sizes import guard_memory
+from vit_deploy.runtime.sizes import format_resolution, guard_memory
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,6 +36,11 @@ class CheckOptions:
     batches: tuple[int, ...] = (1, 4)
     require: bool = False  # an unavailable provider is a failure
     targets: bool = True  # also every edge target's bucket graphs, each at its own size
+    reference: str = "auto"  # auto | pytorch | bundle (see the module doc)
+
+
+REFERENCES = ("auto", "pytorch", "bundle")
+PYTORCH_REFERENCE = "pytorch fp32 (rebuilt from the bundle's weights)"
 
 
 @dataclass
@@ -34,15 +49,18 @@ class CheckReport:
     parity: ParityReport
     unavailable: dict[str, str] = field(default_factory=dict)  # provider -> why
     require: bool = False
-    reference: str = "pytorch fp32 (rebuilt from the bundle's weights)"
+    reference: str = PYTORCH_REFERENCE
 
     def __bool__(self) -> bool:
         return bool(self.parity) and not (self.require and self.unavailable)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.parity.to_dict(), "bundle": self.bundle, "passed": bool(self),
-                "reference": self.reference, "unavailable": self.unavailable,
-                "require": self.require}
+        """The shared report schema (report_schema.py, kind "check") with this report's
+        own fields (checks, unavailable providers, each case's top-1 and fallback nodes)."""
+        return {**envelope("check", bundle=self.bundle, device=device(),
+                           reference=self.reference, passed=bool(self)),
+                **self.parity.to_dict(), "passed": bool(self), "latency": [],
+                "unavailable": self.unavailable, "require": self.require}
 
     def to_json(self) -> str:
         return dumps_strict(self.to_dict())
@@ -81,11 +99,14 @@ class CheckReport:
 
 def run_check(bundle: str | Path, options: CheckOptions = CheckOptions(),
               progress: Progress = silent) -> CheckReport:
-    """Raises BundleError for a bundle that does not verify, ImportError without torch."""
+    """Raises BundleError for a bundle that does not verify (or that has no references
+    where torch is missing), ImportError for `pytorch` without torch."""
     bundle = Path(bundle)
     manifest = load_manifest(bundle)  # sizes and hashes checked here
     precisions = options.precisions or tuple(p for p in PRECISIONS if p in manifest.models)
     manifest.require_models(precisions)
+    if reference_kind(bundle, manifest, options.reference) == "bundle":
+        return _check_golden(bundle, manifest, options, precisions, progress)
     resolutions = options.resolutions or tuple(
         dict.fromkeys([manifest.deploy_resolution, manifest.native_resolution]))
     for hw in resolutions:
@@ -100,6 +121,42 @@ def run_check(bundle: str | Path, options: CheckOptions = CheckOptions(),
     progress(f"running PyTorch on {len(inputs)} cases")
     refs = [reference(x) for x in inputs]
     report = CheckReport(str(bundle), ParityReport(), require=options.require)
+    for ran, precision, session in _sessions(bundle, options, precisions, report, progress):
+        report.parity.cases += compare(
+            session.run_all, refs, inputs, precision=precision, provider=ran,
+            progress=progress, fallback_nodes=len(session.cpu_fallback_nodes()))
+        _invariants(session, ran, precision, resolutions[0], C, report, progress)
+    if options.targets:
+        _check_buckets(bundle, manifest, options, precisions, reference, report, progress)
+    return report
+
+
+def reference_kind(bundle: Path, manifest: Manifest, asked: str) -> str:
+    """'pytorch' or 'bundle' for `asked` (REFERENCES); BundleError where neither can be."""
+    if asked not in REFERENCES:
+        raise ValueError(f"reference must be one of {list(REFERENCES)}, got {asked!r}")
+    if asked == "bundle" or (asked == "auto" and (
+            importlib.util.find_spec("torch") is None or manifest.weights_file is None)):
+        if manifest.references is None:
+            raise BundleError(
+                f"bundle {str(bundle)!r} has no golden references (exported before vit-deploy "
+                f"stored them, or none fit the size bound), so check needs PyTorch to compare "
+                f"it: pip install 'vit-deploy[export]' and run check --reference pytorch "
+                f"(or export the bundle again)")
+        return "bundle"
+    return "pytorch"
+
+
+def golden_reference_text(manifest: Manifest) -> str:
+    source = manifest.references.source if manifest.references else "?"
+    return f"golden references ({source.replace(' (', ', ').rstrip(')')})"
+
+
+def _sessions(bundle: Path, options: CheckOptions, precisions: tuple[str, ...],
+              report: CheckReport, progress: Progress, target: str = "none",
+              ) -> Iterator[tuple[str, str, ViTSession]]:
+    """(provider that ran, precision, open session) per provider × precision; a provider
+    that is not available (or fails to load the model) goes to report.unavailable."""
     for provider in [p.name for p in parse_providers(list(options.providers))]:
         alias = short_name(provider)
         for precision in precisions:
@@ -107,23 +164,59 @@ def run_check(bundle: str | Path, options: CheckOptions = CheckOptions(),
             try:
                 session = ViTSession(bundle, provider=provider, precision=precision,
                                      options=RuntimeOptions(verify=False),  # verified above
-                                     target="none")  # bucket graphs: _check_buckets
+                                     target=target)  # "none": bucket graphs on their own
             except Exception as e:  # ProviderError, or a provider that fails to load the model
                 report.unavailable.setdefault(alias, str(e).splitlines()[0])
                 continue
             with session:
-                ran = short_name(session.providers[0])
-                report.parity.cases += compare(
-                    session.run_all, refs, inputs, precision=precision, provider=ran,
-                    progress=progress, fallback_nodes=len(session.cpu_fallback_nodes()))
-                subject = f"{ran}:{precision}"
-                progress(f"{subject}: batch independence and determinism")
-                report.parity.checks.append(batch_independence(
-                    session.run_all, resolutions[0], subject=subject, channels=C))
-                report.parity.checks.append(determinism(
-                    session.run_all, resolutions[0], subject=subject, channels=C))
-    if options.targets:
-        _check_buckets(bundle, manifest, options, precisions, reference, report, progress)
+                yield short_name(session.providers[0]), precision, session
+
+
+def _invariants(session: ViTSession, ran: str, precision: str, hw: tuple[int, int],
+                channels: int, report: CheckReport, progress: Progress) -> None:
+    subject = f"{ran}:{precision}"
+    progress(f"{subject}: batch independence and determinism")
+    report.parity.checks.append(batch_independence(session.run_all, hw, subject=subject,
+                                                   channels=channels))
+    report.parity.checks.append(determinism(session.run_all, hw, subject=subject,
+                                            channels=channels))
+
+
+def _check_golden(bundle: Path, manifest: Manifest, options: CheckOptions,
+                  precisions: tuple[str, ...], progress: Progress) -> CheckReport:
+    """Every provider × precision × stored case against the bundle's golden outputs (a
+    target's cases through that target's bucket graphs), by the same policy."""
+    refs = manifest.references
+    if refs is None:
+        raise BundleError(f"bundle {str(bundle)!r} has no golden references")
+    progress(f"reading the golden references ({len(refs.cases)} cases)")
+    stored = [(c, x, outs) for c, x, outs in iter_references(manifest.resolve(bundle, refs.file),
+                                                            refs)
+              if not options.resolutions or c.resolution in options.resolutions]
+    if not stored:
+        raise ValueError(f"the bundle stores references at "
+                         f"{sorted({format_resolution(c.resolution) for c in refs.cases})}, "
+                         f"none at the sizes asked for "
+                         f"{[format_resolution(hw) for hw in options.resolutions]}")
+    report = CheckReport(str(bundle), ParityReport(), require=options.require,
+                         reference=golden_reference_text(manifest))
+    own = [(x, outs) for c, x, outs in stored if c.target is None]
+    C = manifest.config.in_chans
+    for ran, precision, session in _sessions(bundle, options, precisions, report, progress):
+        report.parity.cases += compare(
+            session.run_all, [o for _, o in own], [x for x, _ in own], precision=precision,
+            provider=ran, progress=progress, fallback_nodes=len(session.cpu_fallback_nodes()))
+        _invariants(session, ran, precision, manifest.deploy_resolution, C, report, progress)
+    for name, spec in manifest.targets.items() if options.targets else ():
+        cases = [(c, x, outs) for c, x, outs in stored if c.target == name]
+        target_precisions = tuple(p for p in spec.precisions if p in precisions)
+        for ran, precision, session in _sessions(bundle, options, target_precisions, report,
+                                                 progress, target=name):
+            for c, x, outs in cases:
+                if spec.graph(precision, c.resolution) is not None:
+                    report.parity.cases += compare(
+                        session.run_all, [outs], [x], precision=precision,
+                        provider=f"{ran} (bucket {name})", progress=progress)
     return report
 
 

@@ -180,6 +180,8 @@ def _add_target(bundle: Path, options: TargetOptions, log: Progress) -> TargetRe
                 **{f"static {format_resolution(r.resolution)} b{options.batch} {r.precision}":
                    mobile_check(stage / r.file) for r in first.values()}}
         record["graphs"] = [r.to_dict() for r in results]
+        ref_cases = _bucket_references(bundle, manifest, options.target, reference,
+                                       sorted({r.resolution for r in passing}), record)
         if passing:
             spec = TargetSpec(name=options.target, batch=options.batch, policy=options.policy,
                               graphs=tuple(BucketGraph(resolution=r.resolution, batch=options.batch,
@@ -187,7 +189,7 @@ def _add_target(bundle: Path, options: TargetOptions, log: Progress) -> TargetRe
                                                        ort_file=r.ort_file) for r in passing),
                               required_operators=ops_file, record=record)
             log(f"writing target {options.target} into {bundle}")
-            _rewrite(bundle, manifest, spec, stage)
+            _rewrite(bundle, manifest, spec, stage, ref_cases)
     return TargetReport(str(bundle), options.target, options.batch, results, record)
 
 
@@ -249,9 +251,32 @@ def _measure(stage: Path, name: str, hw: tuple[int, int], precision: str, x: np.
     return result
 
 
-def _rewrite(bundle: Path, manifest: Manifest, spec: TargetSpec, stage: Path) -> None:
+def _bucket_references(bundle: Path, manifest: Manifest, target: str, reference: Any,
+                       sizes: list[tuple[int, int]], record: dict[str, Any]) -> list | None:
+    """PyTorch's outputs at each bucket size (batch 2) as golden reference cases of this
+    target, beside the bundle's own (within the same bound); None for a bundle without
+    references (exported before them: its check needs torch anyway)."""
+    from vit_deploy.export.references import budget, golden_references
+
+    if manifest.references is None:
+        return None
+    kept = manifest.references.without_target(target)
+    cases, notes = golden_references(
+        reference, [(f"{target} {format_resolution(hw)}", hw) for hw in sizes],
+        channels=manifest.config.in_chans, output_names=manifest.io.output_names,
+        budget_bytes=budget(manifest.files[manifest.model_file("fp32")].size),
+        used_bytes=kept.nbytes, target=target)
+    if notes:
+        record["reference_notes"] = notes
+    return cases
+
+
+def _rewrite(bundle: Path, manifest: Manifest, spec: TargetSpec, stage: Path,
+             ref_cases: list | None = None) -> None:
     """The bundle with `spec` swapped in atomically: the files the manifest lists are
-    linked over (an older version of this target's files dropped), the new ones moved in."""
+    linked over (an older version of this target's files dropped), the new ones moved in;
+    with `ref_cases`, the references file is rewritten with them in place of the target's
+    earlier cases."""
     old = set(manifest.targets[spec.name].files()) if spec.name in manifest.targets else set()
     with atomic_directory(bundle) as tmp:
         for name in manifest.files:
@@ -264,7 +289,23 @@ def _rewrite(bundle: Path, manifest: Manifest, spec: TargetSpec, stage: Path) ->
             role = "target:" + spec.name + (":required-operators" if name == spec.required_operators
                                             else "")
             entries[name] = FileEntry.of(tmp / name, role)
-        manifest.with_target(spec, entries).save(tmp)
+        manifest = manifest.with_target(spec, entries)
+        if ref_cases is not None and manifest.references is not None:
+            manifest = _with_bucket_references(bundle, manifest, spec.name, ref_cases, tmp)
+        manifest.save(tmp)
+
+
+def _with_bucket_references(bundle: Path, manifest: Manifest, target: str, ref_cases: list,
+                            tmp: Path) -> Manifest:
+    from vit_deploy.runtime.references import REFERENCES_ROLE, pack, read_outputs
+
+    old = manifest.references
+    kept = old.without_target(target)
+    cases = [*zip(kept.cases, read_outputs(manifest.resolve(bundle, old.file), kept)), *ref_cases]
+    refs, data = pack(cases, source=old.source, file=old.file)
+    (tmp / old.file).unlink(missing_ok=True)  # a link to the live bundle's file: never write it
+    (tmp / old.file).write_bytes(data)
+    return manifest.with_references(refs, FileEntry.of(tmp / old.file, REFERENCES_ROLE))
 
 
 def parse_buckets(text: str) -> tuple[tuple[int, int], ...]:

@@ -39,6 +39,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from vit_deploy.atomic import atomic_directory, repository_record
+from vit_deploy.runtime.references import REFERENCES_ROLE
 from vit_deploy.runtime.contract import MANIFEST_NAME
 from vit_deploy.runtime.manifest import load_manifest
 from vit_deploy.runtime.model_scan import inspect_model
@@ -48,7 +49,6 @@ from vit_deploy.web_files import (ENTRIES, LIB_DIR, MODULE, NODE_ONLY, ORT_DIST,
 
 WEB_FORMAT = "vit-deploy-web"
 WEB_RECORD = "web.json"  # beside the site's copy of the manifest; the runtime reads it
-REFERENCES_ROLE = "references"  # the manifest's role of references.bin (golden references)
 BUNDLE_DIR = "bundle"
 ORT_DIR = "ort"
 ORT_NOTICE = """onnxruntime-web {version} (https://www.npmjs.com/package/onnxruntime-web)

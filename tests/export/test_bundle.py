@@ -8,6 +8,7 @@ import vit_deploy.export.bundle as bundle_mod
 from vit_deploy.runtime.swap import OutputExistsError
 from vit_deploy.export.checkpoints import load_model
 from vit_deploy.runtime.contract import MANIFEST_NAME, MODEL_FILE, WEIGHTS_FILE
+from vit_deploy.runtime.references import REFERENCES_FILE
 from vit_deploy.export.bundle import ExportOptions, export_bundle, parity_resolutions
 from vit_deploy.parity import ParityError
 from vit_deploy.runtime.manifest import load_manifest
@@ -17,7 +18,8 @@ def test_manifest_describes_the_bundle(tiny_bundle):
     model, result = tiny_bundle
     manifest = load_manifest(result.path)  # verifies sizes and hashes
     assert sorted(p.name for p in result.path.iterdir()) == sorted(
-        [MANIFEST_NAME, MODEL_FILE, WEIGHTS_FILE])
+        [MANIFEST_NAME, MODEL_FILE, WEIGHTS_FILE, REFERENCES_FILE])
+    assert manifest.files[REFERENCES_FILE].role == "references"  # golden outputs (issue 27)
     assert manifest.config == model.cfg
     assert manifest.models == {"fp32": MODEL_FILE}
     assert manifest.files[MODEL_FILE].sha256 == hashlib.sha256(

@@ -23,14 +23,21 @@ from vit_deploy.cli.options import (PrecisionList, batches_option, console, outp
 @click.option("--require", is_flag=True, help="A provider that is not available is a failure.")
 @click.option("--no-buckets", is_flag=True, help="Skip the edge targets' bucket graphs "
               "(checked by default, each at its own size).")
+@click.option("--reference", type=click.Choice(["auto", "pytorch", "bundle"]), default="auto",
+              show_default=True, help="Compare against PyTorch rebuilt from the bundle's "
+              "weights, or the golden references stored in the bundle (no torch needed; "
+              "their sizes, batch 2). auto: PyTorch where torch imports, else the references.")
 @output_file("--json", "json_out")
 @output_file("--markdown", "md_out")
 @quiet_option
 def check(bundle: Path, providers: str, precisions: tuple[str, ...] | None,
           resolutions: tuple[tuple[int, int], ...] | None, batches: tuple[int, ...],
           require: bool, json_out: Path | None, md_out: Path | None, quiet: bool,
-          no_buckets: bool = False) -> None:
+          no_buckets: bool = False, reference: str = "auto") -> None:
     """Check a bundle against PyTorch on every provider × precision × size × batch.
+
+    Without torch (or with --reference bundle), against the golden references the bundle
+    stores: every provider × precision × stored case, by the same tolerance policy.
 
     Also batch independence and determinism per provider and precision. Exits 1 if
     any case fails (or, with --require, if a provider is not available here).
@@ -42,7 +49,7 @@ def check(bundle: Path, providers: str, precisions: tuple[str, ...] | None,
     refuse_clobber({"--json": json_out, "--markdown": md_out}, bundles=[bundle])
     options = CheckOptions(providers=providers_list(providers), precisions=precisions or (),
                            resolutions=resolutions or (), batches=batches, require=require,
-                           targets=not no_buckets)
+                           targets=not no_buckets, reference=reference)
     with steps(quiet=quiet, title="checking") as progress:
         report = run_check(bundle, options, progress=progress)
     console().print(report)

@@ -15,6 +15,8 @@ from vit_deploy.runtime.contract import (BATCH_DIM, HEIGHT_DIM, INPUT_NAME, MODE
                                  WEIGHTS_FILE, WEIGHTS_ROLE, WIDTH_DIM, model_role)
 from vit_deploy.export.checkpoints import save_weights
 from vit_deploy.export.sources import SourcePreprocess
+from vit_deploy.export.references import (budget, golden_references, reference_sizes,
+                                          write_references)
 from vit_deploy.export.onnx import ExportError, OnnxOptions, export_onnx, node_count
 from vit_deploy.export.simplify import simplify_onnx
 from vit_deploy.runtime.config import ViTConfig
@@ -23,6 +25,7 @@ from vit_deploy.outputs import OutputSelection, output_shape, select_outputs
 from vit_deploy.parity import ParityError, ParityReport, batch_independence, compare, sample_inputs
 from vit_deploy.runtime.manifest import Manifest
 from vit_deploy.runtime.manifest_parts import FileEntry, IOSpec, PreprocessSpec, TensorSpec
+from vit_deploy.runtime.references import REFERENCES_ROLE, References
 from vit_deploy.runtime.providers import short_name
 from vit_deploy.runtime.session import ViTSession
 from vit_deploy.progress import Progress, silent
@@ -160,9 +163,15 @@ def export_bundle(model: ViT, out: str | Path, *, options: ExportOptions = Expor
             leftover.unlink(missing_ok=True)
         progress(f"writing the bundle to {out}")
         save_weights(model, tmp / WEIGHTS_FILE)
+        progress("storing the golden references (PyTorch fp32 on seeded inputs)")
+        ref_cases, ref_notes = golden_references(
+            forward, reference_sizes(cfg, resolution, options.static), channels=cfg.in_chans,
+            output_names=selection.names, budget_bytes=budget((tmp / MODEL_FILE).stat().st_size))
+        notes += ref_notes
+        references = write_references(ref_cases, tmp) if ref_cases else None
         seconds = time.perf_counter() - start
         manifest = build_manifest(model, tmp, options=options, selection=selection,
-                                  resolution=resolution,
+                                  resolution=resolution, references=references,
                                   report=report, record={
                                       "simplify": simplify_info, "nodes": nodes,
                                       "export_s": round(export_seconds, 2),
@@ -190,7 +199,8 @@ def _verify(model: ViT, selection: OutputSelection, path: Path, inputs: dict, re
 
 def build_manifest(model: ViT, root: Path, *, options: ExportOptions,
                    selection: OutputSelection, resolution: tuple[int, int],
-                   report: ParityReport, record: dict[str, Any]) -> Manifest:
+                   report: ParityReport, record: dict[str, Any],
+                   references: References | None = None) -> Manifest:
     cfg = model.cfg
     h_dim, w_dim = (resolution if options.static else (HEIGHT_DIM, WIDTH_DIM))
     outputs = [TensorSpec(name, "float32",
@@ -210,7 +220,10 @@ def build_manifest(model: ViT, root: Path, *, options: ExportOptions,
         labels=tuple(options.labels) if options.labels else None,
         models={"fp32": MODEL_FILE},
         files={MODEL_FILE: FileEntry.of(root / MODEL_FILE, model_role("fp32")),
-               WEIGHTS_FILE: FileEntry.of(root / WEIGHTS_FILE, WEIGHTS_ROLE)},
+               WEIGHTS_FILE: FileEntry.of(root / WEIGHTS_FILE, WEIGHTS_ROLE),
+               **({references.file: FileEntry.of(root / references.file, REFERENCES_ROLE)}
+                  if references else {})},
+        references=references,
         export={"opset": options.opset, "static": options.static, **record,
                 **({"source": options.source} if options.source else {})},
         parity=report.to_dict(),

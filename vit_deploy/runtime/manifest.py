@@ -28,6 +28,7 @@ from vit_deploy.runtime.files import sha256_file, write_bytes_atomic
 from vit_deploy.runtime.manifest_parts import (BundleError, FileEntry, IOSpec, PreprocessSpec,
                                                TargetSpec, _files, _io, _is_int, _need, _plain,
                                                _preprocess, _safe_name, _targets)
+from vit_deploy.runtime.references import References, parse_references
 from vit_deploy.runtime.sizes import format_resolution, require_patch_multiple
 from vit_deploy.runtime.swap import recover_on_open
 
@@ -52,6 +53,7 @@ class Manifest:
     precisions: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     versions: Mapping[str, str] = field(default_factory=dict)
     targets: Mapping[str, TargetSpec] = field(default_factory=dict)  # edge targets by name
+    references: References | None = None  # golden outputs (runtime/references.py); old: none
     format_version: int = BUNDLE_FORMAT_VERSION
 
     # -- the questions callers ask -----------------------------------------------------
@@ -137,6 +139,13 @@ class Manifest:
         return self.targets[name]
 
     # -- changes -----------------------------------------------------------------------
+    def with_references(self, refs: References, entry: FileEntry) -> Manifest:
+        """This manifest with `refs` (their file's `entry`) in place of any earlier ones."""
+        files = {n: e for n, e in self.files.items()
+                 if self.references is None or n != self.references.file}
+        return dataclasses.replace(self, files={**files, refs.file: entry}, references=refs,
+                                   format_version=BUNDLE_FORMAT_VERSION)
+
     def with_target(self, spec: TargetSpec, entries: Mapping[str, FileEntry]) -> Manifest:
         """This manifest with `spec` in place of any target of its name: the old target's
         files leave `files`, the new ones (`entries`, one per file of `spec`) come in."""
@@ -174,6 +183,7 @@ class Manifest:
             "versions": dict(self.versions),
             **({"targets": {n: t.to_dict() for n, t in self.targets.items()}}
                if self.targets else {}),
+            **({"references": self.references.to_dict()} if self.references else {}),
         }
 
     def to_json(self) -> str:
@@ -239,6 +249,7 @@ class Manifest:
                    created=created, export=m.get("export", {}), parity=m.get("parity", {}),
                    precisions=m.get("precisions", {}), versions=m.get("versions", {}),
                    targets=_targets(m.get("targets", {}), files, config, where),
+                   references=parse_references(m.get("references"), files, io, config, where),
                    format_version=version)
 
     # -- files -------------------------------------------------------------------------
