@@ -12,7 +12,6 @@ import torch
 from vit_deploy.runtime.config import ViTConfig
 from vit_deploy.runtime.references import (MAX_FRACTION, REFERENCE_BATCH, REFERENCES_FILE,
                                            ReferenceCase, References, mulberry32_uniform, pack)
-from vit_deploy.runtime.sizes import merge_fits
 
 SEEDS = {"deploy": 1, "native": 2, "non-square": 3}
 Forward = Callable[[np.ndarray], object]
@@ -32,12 +31,12 @@ def reference_sizes(cfg: ViTConfig, deploy: tuple[int, int], static: bool
     P = cfg.patch_size
     gh, gw = cfg.grid_size
     wide = (P * gh, P * max(1, (3 * gw) // 4))
-    if wide[0] == wide[1] or not merge_fits(*wide, cfg):
+    if wide[0] == wide[1]:
         wide = (P * gh, P * (gw + 1))
     out = {"deploy": deploy}
     if tuple(cfg.img_size) != tuple(deploy):
         out["native"] = tuple(cfg.img_size)
-    if wide not in out.values() and merge_fits(*wide, cfg):
+    if wide not in out.values():
         out["non-square"] = wide
     return list(out.items())
 
