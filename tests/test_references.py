@@ -278,6 +278,32 @@ def test_compare_lays_out_reports_of_three_runtimes(quantised_bundle, tmp_path):
     assert row("webgpu", "fp32")[2] == "12000.00 / 15000.00 (webgpu), FAIL 1/1 cos 0.999000"
 
 
+def test_compare_numbers_columns_whose_names_a_narrow_table_cuts(tmp_path):
+    """Real reports of one runtime differ only at the end of their names (the page's wasm
+    and webgpu reports, fp32 and int8): in 80 columns each header still starts with its
+    [n], the line above the table that names it in full; the cell legend is said once."""
+    names = ["chromium-wasm-fp32", "chromium-wasm-int8", "chromium-webgpu-fp32",
+             "chromium-webgpu-int8"]
+    paths = []
+    for name in names:
+        backend, precision = name.split("-")[1:]
+        cosines = {(b, precision): 0.9999999 for b in {backend, "wasm"}}
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(_hand_written(
+            "onnxruntime-web 1.30.0", "HeadlessChrome/156, Linux x86_64", cosines,
+            {k: 2.0 for k in cosines})))
+    r = CliRunner().invoke(main, ["bench", "--compare", *map(str, paths)],
+                           env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    for i, name in enumerate(names, 1):
+        assert any(line.startswith(f"[{i}] {name}: unknown CPU") for line in lines), r.output
+    header = next(line for line in lines if "[1]" in line and line.startswith("┃"))
+    assert [f"[{i}]" in header for i in range(1, 5)] == [True] * 4, header
+    assert "p50 / p90 ms" not in header
+    assert sum("each cell: p50 / p90 ms" in line for line in lines) == 1
+
+
 def test_gpu_check_proves_with_the_references_without_torch(quantised_bundle, tmp_path):
     """make gpu-check's steps on the CPU (PROVIDERS=cpu), torch blocked: the golden check
     runs and passes, the PyTorch check is skipped, the bench report has the schema."""

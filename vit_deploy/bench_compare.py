@@ -37,16 +37,23 @@ class Comparison:
 
     def __rich__(self) -> Any:
         from rich.console import Group
+        from rich.markup import escape
         from rich.table import Table
 
+        # Each report's column is headed [n] and its name: reports of one runtime often differ
+        # only at the end of the name (page-wasm-fp32, page-webgpu-fp32), which a narrow
+        # column cuts off; [n] still says which line above the table the column is.
         table = Table("asked", "precision", "res", "batch", "threads",
-                      *[f"{Path(c.name).stem}: p50 / p90 ms (ran on), parity\n{c.runtime}\n"
-                        f"{c.device}" for c in self.columns])
+                      caption="each cell: p50 / p90 ms (the provider that ran), parity: pass or "
+                              "FAIL failed/cases, worst cosine", caption_justify="left")
+        for i, c in enumerate(self.columns, 1):
+            table.add_column(escape(f"[{i}] {Path(c.name).stem}\n{c.runtime}\n{c.device}"),
+                             overflow="fold")
         for row in self.rows():
             table.add_row(*row)
-        machines = [f"{Path(c.name).stem}: {c.machine}" + (
+        machines = [escape(f"[{i}] {Path(c.name).stem}: {c.machine}") + (
             "" if c.passed is None else f"; check {'PASS' if c.passed else 'FAIL'}")
-            for c in self.columns]
+            for i, c in enumerate(self.columns, 1)]
         return Group(*machines, table)
 
 
