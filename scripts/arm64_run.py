@@ -43,13 +43,16 @@ def main() -> int:
         for precision in plan["precisions"]:
             key = f"{recipe}/{precision}"
             print(f"{args.name}: {key}", file=sys.stderr, flush=True)
-            with ViTSession(work / bundle, provider="cpu", precision=precision) as s:
+            # the dynamic graph (what the comparison has always measured; the
+            # bundle's cpu bucket graphs are `check`'s, below)
+            with ViTSession(work / bundle, provider="cpu", precision=precision, target=None) as s:
                 active = s.describe()["active"]
                 for name, x in inputs.items():
                     outputs[f"{key}/{name}"] = s.run(x)
             # the command an app's user runs, as a subprocess: the installed entry point
             r = subprocess.run([*cli, "predict", str(work / bundle), str(work / plan["image"]),
-                                "--precision", precision, "--top-k", str(plan["classes"]), "--json"],
+                                "--precision", precision, "--top-k", str(plan["classes"]), "--target", "none",
+                                "--json"],
                                capture_output=True, text=True)
             predictions[key] = {"returncode": r.returncode, "stderr": r.stderr[-2000:],
                                 "result": json.loads(r.stdout) if r.returncode == 0 else None,

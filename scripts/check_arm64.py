@@ -101,7 +101,8 @@ def check_rows(reports: Mapping[str, dict | None]) -> tuple[list[CheckRow], list
         if not cases:
             problems.append(f"{recipe}: the check report has no cases")
         if not report.get("passed"):
-            failed = [c.get("label", "?") for c in report.get("checks") or [] if not c.get("passed", True)]
+            failed = [f"{c.get('name', '?')} {c.get('subject', '')}".strip()
+                      for c in report.get("checks") or [] if not c.get("passed", True)]
             problems.append(f"{recipe}: the check failed" + (f" ({', '.join(failed)})" if failed else ""))
         fp32_here = False
         for c in cases:
@@ -155,14 +156,14 @@ class Arm64Report:
     def __rich__(self):
         from rich.console import Group
         from rich.table import Table
-        c = Table(title="vit-deploy check --reference bundle on aarch64 (qemu), tiny bundle")
+        ct = Table(title="vit-deploy check --reference bundle on aarch64 (qemu), tiny bundle")
         for col in ("precision", "int8 recipe", "case", "provider", "max|Δ| vs PyTorch", "cosine", "pass"):
-            c.add_column(col)
+            ct.add_column(col)
         for r in self.checks:
-            c.add_row(r.precision, r.recipe, r.case, r.provider, f"{r.max_abs:.1e}", _cos(r.cosine),
+            ct.add_row(r.precision, r.recipe, r.case, r.provider, f"{r.max_abs:.1e}", _cos(r.cosine),
                       "[green]pass[/]" if r.passed else "[red]FAIL[/]")
         for p in self.check_problems:
-            c.add_row("", "", "", "", "", "", f"[red]FAIL: {p}[/]")
+            ct.add_row("", "", "", "", "", "", f"[red]FAIL: {p}[/]")
         t = Table(title="aarch64 (qemu) vs x86_64 vs PyTorch fp32, tiny bundle")
         for c in ("precision", "int8 recipe", "vs x86_64 max|Δ|", "cosine", "vs PyTorch max|Δ|",
                   "cosine", "x86_64 vs PyTorch cos", "predict", "policy"):
@@ -172,7 +173,7 @@ class Arm64Report:
                       f"{r.vs_torch.max_abs:.1e}", f"{r.vs_torch.cosine:.6f}",
                       f"{r.x86_vs_torch_cosine:.6f}", r.predict,
                       "[green]pass[/]" if r.passed else "[red]FAIL[/]")
-        return Group(c, t)
+        return Group(ct, t)
 
 
 def _cos(cosine: float | None) -> str:

@@ -163,7 +163,7 @@ def _check_report(recipe_cos: float, *, passed: bool = True, checks_pass: bool =
              case("int8-static", "32x32 b2", "cpu", 0.9995, 6e-3)]
     return {"schema": "vit-deploy-report", "schema_version": 1, "kind": "check",
             "passed": passed and all(c["passed"] for c in cases) and checks_pass, "cases": cases,
-            "checks": [{"label": "determinism", "provider": "cpu:int8", "passed": checks_pass}]}
+            "checks": [{"name": "determinism", "subject": "cpu:int8", "passed": checks_pass}]}
 
 
 def test_the_check_table_reads_the_reports():
@@ -181,6 +181,10 @@ def test_the_check_table_reads_the_reports():
     md = report.check_markdown()
     assert "| int8 | vnni | 48x64 b2 | cpu (bucket cpu) | 5.0e-03 | 0.999800 | pass |" in md
     assert report.to_dict()["check"]["rows"][0]["case"] == "32x32 b2"
+    from rich.console import Console
+    console = Console(width=200, record=True)
+    console.print(report)
+    assert "cpu (bucket cpu)" in console.export_text()  # both tables reach the terminal
 
 
 def test_the_check_table_fails_a_failed_or_missing_report():
@@ -192,7 +196,7 @@ def test_the_check_table_fails_a_failed_or_missing_report():
     assert not d.Arm64Report(rows=good, checks=rows, check_problems=problems)
     # every case within policy, but the report failed as a whole (determinism): not a pass
     rows, problems = d.check_rows({"any": _check_report(0.9996, checks_pass=False)})
-    assert all(r.passed for r in rows) and problems == ["any: the check failed (determinism)"]
+    assert all(r.passed for r in rows) and problems == ["any: the check failed (determinism cpu:int8)"]
     assert not d.Arm64Report(rows=good, checks=rows, check_problems=problems)
     assert "FAIL: any: the check failed" in d.Arm64Report(checks=rows, check_problems=problems).check_markdown()
     assert not d.Arm64Report(rows=good)  # no check run on aarch64 is not a pass
