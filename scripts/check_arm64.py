@@ -1,9 +1,11 @@
 """The ARM64 check's driver (issue 26), run by scripts/check_arm64.sh once the aarch64 root
 file system exists: export a tiny bundle here (fp32, int8, int8-static; int8 recipes `any`
-and `vnni`), install the torch-free runtime from a wheel into the root file system, run the
-bundle and `vit-deploy predict` there (scripts/arm64_run.py under qemu) and here, and judge
-aarch64 against x86_64 and PyTorch by the project's tolerance policy. Speed under emulation
-means nothing and is not measured.
+and `vnni`; a cpu target with bucket graphs), install the torch-free runtime from a wheel into
+the root file system, run there (scripts/arm64_run.py under qemu) `vit-deploy check
+--reference bundle` on the bundle's golden references (every precision × stored case ×
+provider, buckets included: the proof), and the bundle and `vit-deploy predict` on fixed
+inputs, then the same here, and judge aarch64 against x86_64 and PyTorch by the project's
+tolerance policy. Speed under emulation means nothing and is not measured.
 
     scripts/check_arm64.sh [--out DIR] [--recipes any,vnni]     (make check-arm64)
 
@@ -39,6 +41,7 @@ PRECISIONS = ("fp32", "int8", "int8-static")
 RECIPES = ("any", "vnni")  # quantize --int8-cpu
 # fixed inputs: the native size, and a non-square, non-native one
 INPUT_SIZES = (((32, 32), 4), ((48, 64), 2))
+BUCKETS = "32,48x64"  # vit-deploy target --target cpu --buckets: square native, non-square
 CHROOT_VENV = "/opt/vit-deploy/venv"  # inside the root file system
 CHROOT_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
 
@@ -69,17 +72,77 @@ class Row:
         return self.vs_x86.passed and self.vs_torch.passed and not self.predict.startswith("failed")
 
 
+@dataclass(frozen=True)
+class CheckRow:
+    """One case of `vit-deploy check --reference bundle` run on aarch64: a precision's output
+    at a stored reference size, on a provider (cpu, or a bucket graph), against PyTorch fp32."""
+    recipe: str  # int8 recipe (--int8-cpu) of the bundle it ran in; "-" for fp32
+    precision: str
+    case: str  # "32x32 b2"
+    provider: str  # "cpu", "cpu (bucket cpu)"
+    max_abs: float
+    cosine: float | None  # None: not finite (a failure)
+    passed: bool
+
+
+def check_rows(reports: Mapping[str, dict | None]) -> tuple[list[CheckRow], list[str]]:
+    """The table of `check --json` reports (int8 recipe -> report in the shared schema, None
+    where the check wrote none) and why any report fails as a whole (its own verdict, its
+    batch-independence / determinism checks, no cases). fp32 is the same file in every
+    recipe's bundle: its rows come from the first report that has them."""
+    rows: list[CheckRow] = []
+    problems: list[str] = []
+    seen_fp32 = False
+    for recipe, report in reports.items():
+        if not report:
+            problems.append(f"{recipe}: the check wrote no report")
+            continue
+        cases = report.get("cases") or []
+        if not cases:
+            problems.append(f"{recipe}: the check report has no cases")
+        if not report.get("passed"):
+            failed = [f"{c.get('name', '?')} {c.get('subject', '')}".strip()
+                      for c in report.get("checks") or [] if not c.get("passed", True)]
+            problems.append(f"{recipe}: the check failed" + (f" ({', '.join(failed)})" if failed else ""))
+        fp32_here = False
+        for c in cases:
+            if c["precision"] == "fp32":
+                if seen_fp32:
+                    continue
+                fp32_here = True
+            rows.append(CheckRow(recipe="-" if c["precision"] == "fp32" else recipe,
+                                 precision=c["precision"], case=c["label"], provider=c["provider"],
+                                 max_abs=float(c["max_abs"]), cosine=c.get("cosine"),
+                                 passed=bool(c["passed"])))
+        seen_fp32 |= fp32_here
+    order = {p: i for i, p in enumerate(PRECISIONS)}
+    rows.sort(key=lambda r: (order.get(r.precision, len(order)), r.recipe, "bucket" in r.provider))
+    return rows, problems
+
+
 @dataclass
 class Arm64Report:
     rows: list[Row] = field(default_factory=list)
     machine: dict = field(default_factory=dict)  # what ran on each side
+    checks: list[CheckRow] = field(default_factory=list)  # `vit-deploy check` on aarch64
+    check_problems: list[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.rows) and all(r.passed for r in self.rows)
+        return (bool(self.rows) and all(r.passed for r in self.rows) and bool(self.checks)
+                and all(c.passed for c in self.checks) and not self.check_problems)
 
     def to_dict(self) -> dict:
         return {"passed": bool(self), "machine": self.machine,
+                "check": {"rows": [asdict(c) for c in self.checks], "problems": self.check_problems},
                 "rows": [{**asdict(r), "passed": r.passed} for r in self.rows]}
+
+    def check_markdown(self) -> str:
+        head = ("| precision | int8 recipe | case | provider | max \\|Δ\\| vs PyTorch fp32 | cosine "
+                "| pass |\n|---|---|---|---|---|---|---|\n")
+        return head + "".join(
+            f"| {c.precision} | {c.recipe} | {c.case} | {c.provider} | {c.max_abs:.1e} "
+            f"| {_cos(c.cosine)} | {'pass' if c.passed else 'FAIL'} |\n" for c in self.checks) + "".join(
+            f"\n- FAIL: {p}" for p in self.check_problems)
 
     def markdown(self) -> str:
         head = ("| precision | int8 recipe | aarch64 vs x86_64 max \\|Δ\\| | cosine "
@@ -91,7 +154,16 @@ class Arm64Report:
             f"| {r.predict} | {'pass' if r.passed else 'FAIL'} |\n" for r in self.rows)
 
     def __rich__(self):
+        from rich.console import Group
         from rich.table import Table
+        ct = Table(title="vit-deploy check --reference bundle on aarch64 (qemu), tiny bundle")
+        for col in ("precision", "int8 recipe", "case", "provider", "max|Δ| vs PyTorch", "cosine", "pass"):
+            ct.add_column(col)
+        for r in self.checks:
+            ct.add_row(r.precision, r.recipe, r.case, r.provider, f"{r.max_abs:.1e}", _cos(r.cosine),
+                      "[green]pass[/]" if r.passed else "[red]FAIL[/]")
+        for p in self.check_problems:
+            ct.add_row("", "", "", "", "", "", f"[red]FAIL: {p}[/]")
         t = Table(title="aarch64 (qemu) vs x86_64 vs PyTorch fp32, tiny bundle")
         for c in ("precision", "int8 recipe", "vs x86_64 max|Δ|", "cosine", "vs PyTorch max|Δ|",
                   "cosine", "x86_64 vs PyTorch cos", "predict", "policy"):
@@ -101,7 +173,11 @@ class Arm64Report:
                       f"{r.vs_torch.max_abs:.1e}", f"{r.vs_torch.cosine:.6f}",
                       f"{r.x86_vs_torch_cosine:.6f}", r.predict,
                       "[green]pass[/]" if r.passed else "[red]FAIL[/]")
-        return t
+        return Group(ct, t)
+
+
+def _cos(cosine: float | None) -> str:
+    return "not finite" if cosine is None else f"{cosine:.6f}"
 
 
 # --- the comparison: one function, to be replaced by `vit-deploy check` against the golden
@@ -189,6 +265,8 @@ def export_bundles(work: Path, recipes: tuple[str, ...]) -> dict[str, str]:
         log(f"quantizing int8, int8-static (--int8-cpu {recipe}, calibration: digits)")
         run([*cli, "quantize", str(dst), "--precision", "int8,int8-static", "--calib", "digits",
              "--int8-cpu", recipe, "--quiet"])
+        log(f"adding a cpu target, buckets {BUCKETS} (fp32 and int8 graphs, with their references)")
+        run([*cli, "target", str(dst), "--target", "cpu", "--buckets", BUCKETS, "--quiet"])
         bundles[recipe] = dst.name
     shutil.rmtree(first)
     return bundles
@@ -320,7 +398,7 @@ def main(argv: list[str] | None = None, *, compare: Callable[..., list[Row]] = c
         wheel = build_wheel(work)
         t0 = time.perf_counter()
         times |= install_runtime(rootfs, wheel)
-        log("running the bundles and `vit-deploy predict` on aarch64 (qemu)")
+        log("running `vit-deploy check --reference bundle`, the bundles and `vit-deploy predict` on aarch64 (qemu)")
         t1 = time.perf_counter()
         r = chroot(rootfs, f"{CHROOT_VENV}/bin/python", f"{inside}/arm64_run.py", inside,
                    "--name", "aarch64", "--cli", f"{CHROOT_VENV}/bin/vit-deploy")
@@ -337,8 +415,10 @@ def main(argv: list[str] | None = None, *, compare: Callable[..., list[Row]] = c
         x86_info = json.loads((work / "x86_64.json").read_text())
         rows = compare(arm, x86, reference, recipes=recipes,
                        predictions=(arm_info["predictions"], x86_info["predictions"]))
+        checks, problems = check_rows({recipe: _check_report(work, "aarch64", recipe, arm_info)
+                                       for recipe in recipes})
         times["total after the root file system"] = time.perf_counter() - t0
-        report = Arm64Report(rows=rows, machine={
+        report = Arm64Report(rows=rows, checks=checks, check_problems=problems, machine={
             "date": datetime.date.today().isoformat(),
             "host_cpu": _cpu_model(), "host_int8_kernel": x86_info["int8_kernel"],
             "aarch64": {k: arm_info[k] for k in ("machine", "python", "onnxruntime", "numpy", "int8_kernel",
@@ -348,6 +428,8 @@ def main(argv: list[str] | None = None, *, compare: Callable[..., list[Row]] = c
             "seconds": {k: round(v, 1) for k, v in times.items()}})
         for name in ("aarch64.npz", "x86_64.npz", "aarch64.json", "x86_64.json", "plan.json"):
             shutil.copy2(work / name, out / name)
+        for report_file in work.glob("check-*.json"):  # the check reports of both sides
+            shutil.copy2(report_file, out / report_file.name)
     except (StepError, subprocess.TimeoutExpired) as e:
         log(f"a step failed: {e}")
         return 1
@@ -358,7 +440,9 @@ def main(argv: list[str] | None = None, *, compare: Callable[..., list[Row]] = c
         log("torch is importable in the aarch64 environment: the runtime was not tested torch-free")
         report.rows = []  # fails the report
     (out / "report.json").write_text(json.dumps(report.to_dict(), indent=2))
-    (out / "report.md").write_text(report.markdown())
+    (out / "report.md").write_text("## vit-deploy check --reference bundle on aarch64\n\n"
+                                   + report.check_markdown()
+                                   + "\n\n## aarch64 vs x86_64 vs PyTorch fp32\n\n" + report.markdown())
     from rich.console import Console
     Console(width=None if sys.stdout.isatty() else 160).print(report)  # a log keeps every column
     m = report.machine
@@ -367,6 +451,15 @@ def main(argv: list[str] | None = None, *, compare: Callable[..., list[Row]] = c
           f"times {m['seconds']}")
     print(f"check-arm64: {'PASS' if report else 'FAIL'}; report in {out}")
     return 0 if report else 1
+
+
+def _check_report(work: Path, side: str, recipe: str, info: dict) -> dict | None:
+    """The `check --json` report one side wrote for one recipe's bundle (None if none)."""
+    name = (info.get("checks") or {}).get(recipe, {}).get("report")
+    if not name:
+        log(f"{side}: no check report for {recipe}:\n{(info.get('checks') or {}).get(recipe, {}).get('output', '')}")
+        return None
+    return json.loads((work / name).read_text())
 
 
 def _cpu_model() -> str:

@@ -131,7 +131,7 @@ def test_the_comparison_passes_within_policy():
     assert [(r.precision, r.recipe) for r in rows] == [("fp32", "-"), ("int8", "any"), ("int8-static", "any")]
     assert all(r.passed for r in rows), rows
     report = d.Arm64Report(rows=rows)
-    assert report and "| fp32 | - |" in report.markdown()
+    assert "| fp32 | - |" in report.markdown()
     assert rows[0].predict == "same top-1, max|Δp| 0.0e+00"
 
 
@@ -146,3 +146,62 @@ def test_the_comparison_fails_outside_policy_and_when_predict_failed():
     assert not rows["int8-static"].passed and rows["int8-static"].vs_torch.cosine < 0.99
     assert not d.Arm64Report(rows=list(rows.values()))
     assert not d.Arm64Report(rows=[])  # nothing compared is not a pass
+
+
+# --- the table of `vit-deploy check --reference bundle` reports -----------------------
+
+
+def _check_report(recipe_cos: float, *, passed: bool = True, checks_pass: bool = True) -> dict:
+    """A synthetic `check --json` report (shared schema) of a bundle with a cpu target."""
+    def case(precision, label, provider, cos, max_abs):
+        ok = cos >= (0.99999 if precision == "fp32" else 0.99)
+        return {"label": label, "provider": provider, "precision": precision, "resolution": [32, 32],
+                "batch": 2, "output": "logits", "max_abs": max_abs, "cosine": cos, "passed": ok}
+    cases = [case("fp32", "32x32 b2", "cpu", 1.0, 1e-7), case("fp32", "48x64 b2", "cpu (bucket cpu)", 1.0, 2e-7),
+             case("int8", "32x32 b2", "cpu", recipe_cos, 4e-3),
+             case("int8", "48x64 b2", "cpu (bucket cpu)", recipe_cos, 5e-3),
+             case("int8-static", "32x32 b2", "cpu", 0.9995, 6e-3)]
+    return {"schema": "vit-deploy-report", "schema_version": 1, "kind": "check",
+            "passed": passed and all(c["passed"] for c in cases) and checks_pass, "cases": cases,
+            "checks": [{"name": "determinism", "subject": "cpu:int8", "passed": checks_pass}]}
+
+
+def test_the_check_table_reads_the_reports():
+    d = _driver()
+    rows, problems = d.check_rows({"any": _check_report(0.9996), "vnni": _check_report(0.9998)})
+    assert problems == []
+    # fp32 is one file in both bundles: once, recipe "-"; int8 per recipe; buckets after cpu
+    assert [(r.precision, r.recipe, r.provider) for r in rows] == [
+        ("fp32", "-", "cpu"), ("fp32", "-", "cpu (bucket cpu)"),
+        ("int8", "any", "cpu"), ("int8", "any", "cpu (bucket cpu)"),
+        ("int8", "vnni", "cpu"), ("int8", "vnni", "cpu (bucket cpu)"),
+        ("int8-static", "any", "cpu"), ("int8-static", "vnni", "cpu")]
+    report = d.Arm64Report(rows=_good_rows(d), checks=rows)
+    assert report
+    md = report.check_markdown()
+    assert "| int8 | vnni | 48x64 b2 | cpu (bucket cpu) | 5.0e-03 | 0.999800 | pass |" in md
+    assert report.to_dict()["check"]["rows"][0]["case"] == "32x32 b2"
+    from rich.console import Console
+    console = Console(width=200, record=True)
+    console.print(report)
+    assert "cpu (bucket cpu)" in console.export_text()  # both tables reach the terminal
+
+
+def test_the_check_table_fails_a_failed_or_missing_report():
+    d = _driver()
+    rows, problems = d.check_rows({"any": _check_report(0.95), "vnni": None})
+    assert [r.passed for r in rows if r.precision == "int8"] == [False, False]
+    assert problems == ["any: the check failed", "vnni: the check wrote no report"]
+    good = _good_rows(d)
+    assert not d.Arm64Report(rows=good, checks=rows, check_problems=problems)
+    # every case within policy, but the report failed as a whole (determinism): not a pass
+    rows, problems = d.check_rows({"any": _check_report(0.9996, checks_pass=False)})
+    assert all(r.passed for r in rows) and problems == ["any: the check failed (determinism cpu:int8)"]
+    assert not d.Arm64Report(rows=good, checks=rows, check_problems=problems)
+    assert "FAIL: any: the check failed" in d.Arm64Report(checks=rows, check_problems=problems).check_markdown()
+    assert not d.Arm64Report(rows=good)  # no check run on aarch64 is not a pass
+
+
+def _good_rows(d):
+    arm, x86, ref, preds = _runs({"fp32": 1e-7, "int8": 1e-2, "int8-static": 1e-2})
+    return d.compare_runs(arm, x86, ref, predictions=(preds, preds), recipes=("any",))
