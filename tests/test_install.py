@@ -107,7 +107,10 @@ class Venv:
         return done
 
     def pip_install(self, *requirements: str, what: str) -> None:
-        self.run("python", "-m", "pip", "install", "--quiet", *requirements, what=what)
+        # --no-compile: no .pyc for torch and transformers (tens of seconds; Python compiles
+        # what it imports anyway)
+        self.run("python", "-m", "pip", "install", "--quiet", "--no-compile",
+                 "--disable-pip-version-check", *requirements, what=what)
 
     def installed(self) -> dict[str, str]:
         listed = json.loads(self.run("python", "-m", "pip", "list", "--format", "json").stdout)
