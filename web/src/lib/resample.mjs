@@ -49,51 +49,45 @@ function coefficients(inSize, outSize, filter) {
 
 const clip8 = (v) => { const s = Math.floor(v / (1 << PRECISION_BITS)); return s < 0 ? 0 : s > 255 ? 255 : s; };
 
-/** RGB bytes, inW x inH -> outW x outH, as Pillow's Image.resize with this filter. */
-export function resize(pixels, inW, inH, outW, outH, interpolation = 'bicubic') {
-  if (outW === inW && outH === inH) return Uint8Array.from(pixels);
-  if (interpolation === 'nearest') return resizeNearest(pixels, inW, inH, outW, outH);
-  const filter = FILTERS[interpolation];
-  if (!filter) throw new Error(`interpolation must be one of ${show(INTERPOLATIONS)}, got ${show(interpolation)}`);
-  const horiz = coefficients(inW, outW, filter);
-  const vert = coefficients(inH, outH, filter);
-  let src = pixels;
-  let width = inW;
-  let rowOffset = 0; // rows of `src` start at this source row
-  const half = 1 << (PRECISION_BITS - 1);
-  if (outW !== inW) { // horizontal pass over the rows the vertical pass reads
-    const first = vert.bounds[0];
-    const last = vert.bounds[outH * 2 - 2] + vert.bounds[outH * 2 - 1];
-    const rows = outH !== inH ? last - first : inH;
-    rowOffset = outH !== inH ? first : 0;
-    const tmp = new Uint8Array(outW * rows * 3);
-    const { ksize, bounds, kk } = horiz;
-    for (let y = 0; y < rows; y++) {
-      const row = (y + rowOffset) * inW * 3;
-      for (let xx = 0; xx < outW; xx++) {
-        const xmin = bounds[xx * 2];
-        const xmax = bounds[xx * 2 + 1];
-        let s0 = half; let s1 = half; let s2 = half;
-        for (let x = 0; x < xmax; x++) {
-          const w = kk[xx * ksize + x];
-          const p = row + (x + xmin) * 3;
-          s0 += src[p] * w; s1 += src[p + 1] * w; s2 += src[p + 2] * w;
-        }
-        const o = (y * outW + xx) * 3;
-        tmp[o] = clip8(s0); tmp[o + 1] = clip8(s1); tmp[o + 2] = clip8(s2);
+// Which pass Pillow runs first. Found by experiment against the Pillow 13.0.0 this project
+// pins (tests/test_resample_order.py holds it to this on a grid of sizes, for every filter):
+// the vertical pass first when the height shrinks by more than twice what the width
+// shrinks by (in pixels; a width that grows or stays counts as 0), else the horizontal
+// pass first (as every Pillow before 13 did). Either way the intermediate image is 8-bit,
+// rounded and clipped as below, so the order changes the bytes (by up to ~9 levels).
+export const verticalFirst = (inW, inH, outW, outH) => inH - outH > Math.max(0, 2 * (inW - outW));
+
+const HALF = 1 << (PRECISION_BITS - 1);
+
+// One horizontal pass: `rows` rows of `src` (width inW) from row `rowOffset` -> outW wide.
+function horizontalPass(src, inW, rows, rowOffset, outW, { ksize, bounds, kk }) {
+  const out = new Uint8Array(outW * rows * 3);
+  for (let y = 0; y < rows; y++) {
+    const row = (y + rowOffset) * inW * 3;
+    for (let xx = 0; xx < outW; xx++) {
+      const xmin = bounds[xx * 2];
+      const xmax = bounds[xx * 2 + 1];
+      let s0 = HALF; let s1 = HALF; let s2 = HALF;
+      for (let x = 0; x < xmax; x++) {
+        const w = kk[xx * ksize + x];
+        const p = row + (x + xmin) * 3;
+        s0 += src[p] * w; s1 += src[p + 1] * w; s2 += src[p + 2] * w;
       }
+      const o = (y * outW + xx) * 3;
+      out[o] = clip8(s0); out[o + 1] = clip8(s1); out[o + 2] = clip8(s2);
     }
-    src = tmp;
-    width = outW;
   }
-  if (outH === inH) return src;
+  return out;
+}
+
+// One vertical pass: `src` (width, its first row being source row `rowOffset`) -> outH rows.
+function verticalPass(src, width, rowOffset, outH, { ksize, bounds, kk }) {
   const out = new Uint8Array(width * outH * 3);
-  const { ksize, bounds, kk } = vert;
   for (let yy = 0; yy < outH; yy++) {
     const ymin = bounds[yy * 2] - rowOffset;
     const ymax = bounds[yy * 2 + 1];
     for (let xx = 0; xx < width; xx++) {
-      let s0 = half; let s1 = half; let s2 = half;
+      let s0 = HALF; let s1 = HALF; let s2 = HALF;
       for (let y = 0; y < ymax; y++) {
         const w = kk[yy * ksize + y];
         const p = ((y + ymin) * width + xx) * 3;
@@ -104,6 +98,27 @@ export function resize(pixels, inW, inH, outW, outH, interpolation = 'bicubic') 
     }
   }
   return out;
+}
+
+/** RGB bytes, inW x inH -> outW x outH, as Pillow's Image.resize with this filter. */
+export function resize(pixels, inW, inH, outW, outH, interpolation = 'bicubic') {
+  if (outW === inW && outH === inH) return Uint8Array.from(pixels);
+  // NEAREST is a separable selection of source pixels: no intermediate rounding, no order
+  if (interpolation === 'nearest') return resizeNearest(pixels, inW, inH, outW, outH);
+  const filter = FILTERS[interpolation];
+  if (!filter) throw new Error(`interpolation must be one of ${show(INTERPOLATIONS)}, got ${show(interpolation)}`);
+  const horiz = coefficients(inW, outW, filter);
+  const vert = coefficients(inH, outH, filter);
+  if (outH === inH) return horizontalPass(pixels, inW, inH, 0, outW, horiz);
+  if (outW === inW) return verticalPass(pixels, inW, 0, outH, vert);
+  if (verticalFirst(inW, inH, outW, outH)) {
+    return horizontalPass(verticalPass(pixels, inW, 0, outH, vert), inW, outH, 0, outW, horiz);
+  }
+  // horizontal first, over only the source rows the vertical pass reads
+  const first = vert.bounds[0];
+  const last = vert.bounds[outH * 2 - 2] + vert.bounds[outH * 2 - 1];
+  return verticalPass(horizontalPass(pixels, inW, last - first, first, outW, horiz), outW, first,
+    outH, vert);
 }
 
 // Pillow resizes with NEAREST by an affine scale (Geometry.c, ImagingScaleAffine): source
