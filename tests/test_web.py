@@ -39,13 +39,18 @@ PRE_CASES = [
     {"resolution": [48, 64], "resize": "shorter_side_center_crop", "interpolation": "nearest"},
     {"resolution": [96, 96], "resize": "patch_multiple", "interpolation": "lanczos"},
     # a checkpoint's own rules (export/sources.py): timm's crop_pct, square and not (timm's
-    # ResizeKeepRatio). Not yet squash: the Pillow 13.0.0 here resizes some sizes vertical
-    # pass first (110x150 -> 96x96), resample.mjs always horizontal first (an open issue).
+    # ResizeKeepRatio), and squash (each side on its own, ViTImageProcessor's {height, width})
     {"resolution": [224, 224], "resize": "shorter_side_center_crop", "interpolation": "bicubic",
      "cropPct": 0.875},
     {"resolution": [48, 64], "resize": "shorter_side_center_crop", "interpolation": "bilinear",
      "cropPct": 0.9},
+    {"resolution": [96, 96], "resize": "squash", "interpolation": "bicubic"},
+    {"resolution": [48, 64], "resize": "squash", "interpolation": "lanczos", "cropPct": 0.9},
+    {"resolution": [64, 48], "resize": "squash", "interpolation": "bilinear"},
 ]
+# Pillow 13 runs the vertical pass first when the height shrinks by more than twice the width
+# (tests/test_resample_order.py): hopper-tall.jpg (260x600) does under every rule above, the
+# squash cases under several images, so both pass orders are held bit-exact.
 # The dense bundle: a classifier whose logits are not its first output, with grid outputs;
 # features() of these images (their grids differ from the centre crop's) against Python's.
 DENSE_OUTPUTS = ("pooled", "logits", "patch_tokens")
