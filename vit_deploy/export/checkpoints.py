@@ -22,6 +22,7 @@ import math
 import re
 import warnings
 from pathlib import Path
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -597,21 +598,8 @@ def load_hf(directory: Path) -> ViT:
         spec += [("head_dist.weight", ("distillation_classifier.weight",)),
                  ("head_dist.bias", ("distillation_classifier.bias",))]
 
-    used = {t for _, theirs in spec for t in theirs}
-    missing = [t for _, theirs in spec for t in theirs if t not in state]
-    unused = sorted(set(state) - used)
-    ignored = [k for k in unused if any(p.match(k.removeprefix(prefix))
-                                        for p in HF_IRRELEVANT)]
-    unknown = [k for k in unused if k not in ignored]
-    problems = []
-    if missing:
-        problems.append(f"config.json ({kind}, {depth} layers, qkv_bias {qkv_bias}) needs "
-                        f"tensors its weights lack: {_some(missing)}")
-    if unknown:
-        problems.append(f"its weights hold tensors the {kind} mapping does not use: "
-                        f"{_some(unknown)}")
-    if problems:
-        raise CheckpointError(f"{where}: " + "; ".join(problems))
+    ignored = _check_mapping(spec, state, state, prefix=prefix, where=where, kind=kind,
+                             needs=f"config.json ({kind}, {depth} layers, qkv_bias {qkv_bias})")
     mean, std = _hf_normalisation(directory, in_chans)
     try:
         cfg = ViTConfig(img_size=(grid * patch, grid * patch), patch_size=patch,
@@ -628,6 +616,7 @@ def load_hf(directory: Path) -> ViT:
                               f"{e}") from None
 
     shapes = _expected_shapes(cfg, blocks=depth) or {}
+    problems = []
     for ours, theirs in spec:
         want = shapes.get(ours)
         if want is None:
@@ -907,26 +896,36 @@ def _load_tower(directory: Path, kind: str, hf: dict[str, Any]) -> ViT:
     return _build_mapped(cfg, state, given, spec, convert, where=where, kind=kind, prefix=prefix)
 
 
+def _check_mapping(spec: list[tuple[str, tuple[str, ...]]], have: Mapping[str, Any],
+                   given: Iterable[str], *, prefix: str, where: str, kind: str,
+                   needs: str) -> list[str]:
+    """Every tensor the mapping (`spec`: our key <- theirs) needs is in `have`, and every
+    tensor of the file (`given`) is used or irrelevant (HF_IRRELEVANT); else one
+    CheckpointError naming both. Returns the irrelevant ones (the caller warns)."""
+    used = {t for _, theirs in spec for t in theirs}
+    missing = [t for _, theirs in spec for t in theirs if t not in have]
+    unused = sorted(set(given) - used)
+    ignored = [k for k in unused if any(p.match(k.removeprefix(prefix)) for p in HF_IRRELEVANT)]
+    unknown = [k for k in unused if k not in ignored]
+    problems = []
+    if missing:
+        problems.append(f"{needs} needs tensors its weights lack: {_some(missing)}")
+    if unknown:
+        problems.append(f"its weights hold tensors the {kind} mapping does not use: "
+                        f"{_some(unknown)}")
+    if problems:
+        raise CheckpointError(f"{where}: " + "; ".join(problems))
+    return ignored
+
+
 def _build_mapped(cfg: ViTConfig, state: dict[str, torch.Tensor], given: dict[str, Any],
                   spec: list[tuple[str, tuple[str, ...]]], convert: dict[str, Any], *,
                   where: str, kind: str, prefix: str) -> ViT:
     """Our state from the file's tensors (`spec`: our key <- theirs, concatenated; then
     `convert`), checked: every tensor the mapping needs is there, every tensor of the file
     (`given`) is used or irrelevant (HF_IRRELEVANT: warned), every shape is the model's."""
-    used = {t for _, theirs in spec for t in theirs}
-    missing = [t for _, theirs in spec for t in theirs if t not in state]
-    unused = sorted(set(given) - used)
-    ignored = [k for k in unused if any(p.match(k.removeprefix(prefix)) for p in HF_IRRELEVANT)]
-    unknown = [k for k in unused if k not in ignored]
-    problems = []
-    if missing:
-        problems.append(f"config.json ({kind}, {cfg.depth} layers) needs tensors its weights "
-                        f"lack: {_some(missing)}")
-    if unknown:
-        problems.append(f"its weights hold tensors the {kind} mapping does not use: "
-                        f"{_some(unknown)}")
-    if problems:
-        raise CheckpointError(f"{where}: " + "; ".join(problems))
+    ignored = _check_mapping(spec, state, given, prefix=prefix, where=where, kind=kind,
+                             needs=f"config.json ({kind}, {cfg.depth} layers)")
     ours = {}
     for mine, theirs in spec:
         t = torch.cat([state[k] for k in theirs]) if len(theirs) > 1 else state[theirs[0]]
