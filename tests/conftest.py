@@ -80,12 +80,15 @@ HEAVY_FILES = {
 }
 
 
-# The longest files first (measured: installs, kills, full-size and many exports, the
-# browser): `make test` hands whole files to two workers, which then finish closer together
-# than when a four-minute file starts last.
-LONGEST_FIRST = ["test_install.py", "test_reliability.py", "test_readme.py", "test_bundle.py",
-                 "test_web.py", "test_dense.py", "test_families.py", "test_web_package.py",
-                 "test_onnx.py", "test_int8_cpu.py", "test_checkpoints.py", "test_references.py"]
+# The longest files first (seconds in one quiet `make test`, 2026-12-01): `make test` hands
+# whole files to two workers, which then finish closer together than when a one-minute file
+# starts last.
+LONGEST_FIRST = ["test_install.py",  # 82: the wheel in fresh venvs, every platform resolved
+                 "test_readme.py",  # 54: the README's ViT-B/16 export
+                 "test_web.py", "test_reliability.py", "test_checkpoints.py",  # 45, 39, 36
+                 "test_server_hostile.py", "test_int8_cpu.py", "test_bundle.py",  # 29, 28, 27
+                 "test_ownership.py", "test_recovery.py", "test_sweep.py", "test_tome.py",
+                 "test_dense.py", "test_families.py"]  # 26 .. 19
 
 
 def pytest_collection_modifyitems(config, items):
