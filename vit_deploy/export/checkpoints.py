@@ -484,11 +484,7 @@ def load_hf(directory: Path) -> ViT:
         raise CheckpointError(f"{str(config_path)!r}: num_attention_heads {heads} does not "
                               f"divide hidden_size {width}")
 
-    weights = [directory / n for n in ("model.safetensors", "pytorch_model.bin")
-               if (directory / n).is_file()]
-    if not weights:
-        raise CheckpointError(f"{where!r} has neither model.safetensors nor pytorch_model.bin")
-    state, _ = read_state_dict(weights[0])
+    state = _hf_state(directory, where)
     prefix = next((p for p in HF_PREFIXES if any(k.startswith(p) for k in state)), "")
     body = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
     heads_out = {k: v for k, v in state.items() if not k.startswith(prefix)} if prefix else {}
@@ -770,11 +766,7 @@ def _load_tower(directory: Path, kind: str, hf: dict[str, Any]) -> ViT:
     if width % heads:
         raise CheckpointError(f"{str(config_path)!r}: num_attention_heads {heads} does not "
                               f"divide hidden_size {width}")
-    weights = [directory / n for n in ("model.safetensors", "pytorch_model.bin")
-               if (directory / n).is_file()]
-    if not weights:
-        raise CheckpointError(f"{where!r} has neither model.safetensors nor pytorch_model.bin")
-    state, _ = read_state_dict(weights[0])
+    state = _hf_state(directory, where)
     prefix = next((p for p in ("vision_model.", "model.") if any(
         k.startswith(p + "embeddings.") for k in state)), "")
     E = prefix + "embeddings."
@@ -894,6 +886,16 @@ def _load_tower(directory: Path, kind: str, hf: dict[str, Any]) -> ViT:
         raise CheckpointError(f"{where}: config.json and its weights give no valid config: "
                               f"{e}") from None
     return _build_mapped(cfg, state, given, spec, convert, where=where, kind=kind, prefix=prefix)
+
+
+def _hf_state(directory: Path, where: str) -> dict[str, torch.Tensor]:
+    """The tensors of a Hugging Face directory: model.safetensors, else pytorch_model.bin."""
+    weights = [directory / n for n in ("model.safetensors", "pytorch_model.bin")
+               if (directory / n).is_file()]
+    if not weights:
+        raise CheckpointError(f"{where!r} has neither model.safetensors nor pytorch_model.bin")
+    state, _ = read_state_dict(weights[0])
+    return state
 
 
 def _check_mapping(spec: list[tuple[str, tuple[str, ...]]], have: Mapping[str, Any],
