@@ -48,7 +48,7 @@ $(SYSTEM_STAMP): Makefile | $(STAMP)
 ## test: the whole test suite, on two workers (one file per worker at a time: module
 ## fixtures are built once); 9 min on one worker, 7 on two, on 2 cores
 test: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 ## dist: the sdist and the wheel in ./dist (the wheel carries web/'s JavaScript and the
 ## pinned onnxruntime-web files: setup.py copies them; docs/install.md)
@@ -59,7 +59,7 @@ dist: $(STAMP) $(WEB_STAMP)
 ## (servers, browsers, emulators, fresh venvs, kills, many exports; tests/conftest.py)
 ## and full-size exports; run make test before you push
 test-fast: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow and not heavy"
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not slow and not heavy"
 
 ## gpu-check OUT=dir: on a CUDA machine, check and bench cuda / tensorrt, reports into OUT
 gpu-check: $(STAMP)

@@ -3,12 +3,17 @@ here is imported as a module."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 from collections.abc import Callable
 
 import numpy as np
+import onnx
 import pytest
 import torch
+from torch import nn
 
+from vit_deploy.export import onnx as onnx_export
 from vit_deploy.runtime.config import variant
 from vit_deploy.export.bundle import ExportOptions, export_bundle
 from vit_deploy.export.model import ViT, build_model
@@ -19,7 +24,97 @@ TINY_KINDS = [("learned", "cls"), ("factorized", "mean")]
 
 @pytest.fixture(autouse=True)
 def _torch_threads():
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
+
+
+# torch.onnx.export (dynamo) takes 3 s even for the tiny model, and the suite exports the same
+# few models ~90 times: a third of its time. Within one test process a trace of a module that
+# was already traced (the same classes and methods, attributes, weights, example shape, dynamic
+# shapes and output names) is served from memory; everything after the trace (our finishing,
+# checks, simplification, parity, quantisation) runs as always. The exporter is deterministic
+# (tests/export/test_onnx.py proves the memo gives the exporter's bytes), and a module with
+# hooks or anything not plain data on it is always traced afresh. Subprocesses (the CLI
+# tests) trace for real. A test that needs the exporter itself to run, or that patches a
+# module-level function the model calls (the key sees classes, not modules):
+# @pytest.mark.fresh_trace.
+MEMO_MAX_BYTES = 64 << 20  # weights larger than this are traced every time
+_traces: dict[tuple, bytes] = {}
+_real_trace = onnx_export.trace
+
+
+def trace_key(module: nn.Module, example: torch.Tensor, **kw) -> tuple | None:
+    """Everything a trace depends on, or None where that cannot be told from plain data."""
+    digest, parts, size = hashlib.sha256(), [], 0
+    classes = {}
+    for path, sub in module.named_modules():
+        classes.setdefault(type(sub), None)
+        parts.append((path, type(sub)))
+        for name, value in vars(sub).items():
+            if name in ("_parameters", "_buffers", "_modules"):
+                continue
+            if name.startswith("_") and isinstance(value, dict):
+                if value:  # hooks
+                    return None
+                continue
+            if not _plain(value):
+                return None
+            parts.append((path, name, repr(value)))
+    for cls in classes:  # a method patched on a class changes the trace: key on the functions
+        parts.append(tuple((name, fn) for klass in cls.__mro__ if klass not in (nn.Module, object)
+                           for name, fn in vars(klass).items() if callable(fn)))
+    for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+        data = tensor.detach().contiguous().cpu()
+        size += data.numel() * data.element_size()
+        if size > MEMO_MAX_BYTES:
+            return None
+        digest.update(f"{name}{tuple(data.shape)}{data.dtype}".encode())
+        digest.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    kw["dynamic_shapes"] = repr(kw.get("dynamic_shapes"))
+    return (tuple(parts), digest.hexdigest(), tuple(example.shape), example.dtype,
+            repr(sorted(kw.items())))
+
+
+def _plain(value) -> bool:
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype)):
+        return True
+    if isinstance(value, (tuple, list, set, frozenset)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(_plain(k) and _plain(v) for k, v in value.items())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return all(_plain(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return False
+
+
+def _memo_trace(module, example, **kw):
+    key = None if _fresh_trace else trace_key(module, example, **kw)
+    if key is None:
+        return _real_trace(module, example, **kw)
+    if key not in _traces:
+        _traces[key] = _real_trace(module, example, **kw).SerializeToString()
+    return onnx.load_from_string(_traces[key])  # a fresh proto: callers change theirs
+
+
+_fresh_trace = False
+
+
+def pytest_configure(config):
+    onnx_export.trace = _memo_trace  # for the whole session: fixtures of every scope
+
+
+@pytest.fixture
+def trace_memo():
+    """The memo's parts, for its own tests: .real (the exporter), .memo, .key."""
+    from types import SimpleNamespace
+    return SimpleNamespace(real=_real_trace, memo=_memo_trace, key=trace_key)
+
+
+@pytest.fixture(autouse=True)
+def _trace_memo(request):
+    global _fresh_trace
+    _fresh_trace = request.node.get_closest_marker("fresh_trace") is not None
+    yield
+    _fresh_trace = False
 
 
 def _tiny(pos_embed: str = "learned", pool: str = "cls", **kw) -> ViT:
@@ -80,15 +175,18 @@ HEAVY_FILES = {
 }
 
 
-# The longest files first (seconds in one quiet `make test`, 2026-12-01): `make test` hands
-# whole files to two workers, which then finish closer together than when a one-minute file
-# starts last.
-LONGEST_FIRST = ["test_install.py",  # 82: the wheel in fresh venvs, every platform resolved
-                 "test_readme.py",  # 54: the README's ViT-B/16 export
-                 "test_web.py", "test_reliability.py", "test_checkpoints.py",  # 45, 39, 36
-                 "test_server_hostile.py", "test_int8_cpu.py", "test_bundle.py",  # 29, 28, 27
-                 "test_ownership.py", "test_recovery.py", "test_sweep.py", "test_tome.py",
-                 "test_dense.py", "test_families.py"]  # 26 .. 19
+# The longest files first (seconds in one quiet `make test`, 2026-12-01), so the two workers
+# finish close together (longest processing time first): `make test` hands whole files to
+# the workers in collection order (--no-loadscope-reorder; xdist would otherwise order
+# files by their number of tests).
+LONGEST_FIRST = ["test_install.py",  # 74: the wheel in fresh venvs, every platform resolved
+                 "test_readme.py",  # 49: the README's ViT-B/16 export
+                 "test_web.py", "test_server_hostile.py", "test_checkpoints.py",  # 42, 38, 26
+                 "test_tome.py", "test_sweep.py", "test_reliability.py",  # 25, 24, 23
+                 "test_int8_cpu.py", "test_families.py", "test_recovery.py",  # 22, 18, 17
+                 "test_ownership.py", "test_dense.py", "test_server_v2.py",  # 17, 16, 11
+                 "test_web_package.py", "test_cli.py", "test_references.py",  # 10, 10, 9
+                 "test_benchmarks.py"]  # 9; the rest under 8
 
 
 def pytest_collection_modifyitems(config, items):

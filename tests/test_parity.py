@@ -47,3 +47,20 @@ def test_batch_independence_catches_a_leak():
 
     assert not batch_independence(leaky, (8, 8), subject="leaky").passed
     assert batch_independence(clean, (8, 8), subject="clean").passed
+
+
+@pytest.mark.parametrize("forward", ["leaky", "clean"])
+def test_batch_independence_on_a_batch_already_run_runs_only_the_changed_one(forward):
+    """The export hands in a parity case (input, outputs): one more run, same verdict."""
+    calls = []
+
+    def run(x):
+        calls.append(x.copy())
+        out = x.mean(axis=(2, 3))
+        return out + x.mean(axis=(0, 2, 3)) if forward == "leaky" else out
+
+    x = np.random.default_rng(0).standard_normal((4, 3, 8, 8), dtype=np.float32)
+    check = batch_independence(run, (8, 8), subject=forward, given=(x, run(x)))
+    assert len(calls) == 2 and np.array_equal(calls[1][:-1], x[:-1])  # the last image changed
+    assert not np.array_equal(calls[1][-1], x[-1])
+    assert check.passed == (forward == "clean") and "b4" in check.detail

@@ -57,8 +57,10 @@ def test_readme_export_command_gives_a_bundle_that_runs_at_any_resolution(tmp_pa
 
     model = load_model(out / WEIGHTS_FILE)
     assert model.cfg.name == "B/16"
+    # the export checked 6 sizes itself; here the written bundle, through the public API, at
+    # the deploy size and a small non-square one
     with ViTSession(out) as session:
-        for hw in [(224, 224), (448, 448), (320, 480), (32, 64)]:
+        for hw in [(448, 448), (32, 64)]:
             x = sample_inputs(hw, 1, seed=3)
             with torch.no_grad():
                 ref = model(torch.from_numpy(x)).numpy()

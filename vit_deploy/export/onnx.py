@@ -66,20 +66,28 @@ def export_onnx(model: ViT, dst: str | Path, *, options: OnnxOptions = OnnxOptio
     # wrapper, whose module paths are the same under "vit." (linear_nodes_from_scopes).
     module: torch.nn.Module = (model if selection.default_only else
                                ViTOutputs(model, selection.names, layer_norm=selection.layer_norm))
-    output_names = list(selection.names)
+    proto = trace(module, example, output_names=list(selection.names),
+                  dynamic_shapes=dynamic_shapes, opset=options.opset,
+                  what=cfg.name or "model")
+    finalize(proto, config_json=cfg.to_json())
+    _name_grid_dims(proto)
+    validate_onnx(proto)
+    return write_bytes_atomic(dst, proto.SerializeToString())
+
+
+def trace(module: torch.nn.Module, example: torch.Tensor, *, output_names: list[str],
+          dynamic_shapes: dict | None, opset: int, what: str) -> onnx.ModelProto:
+    """torch.onnx.export(dynamo=True) of `module` on `example`: the graph, before our
+    finishing (names, metadata, checks). The one place the exporter runs."""
     try:
         with _quiet(), torch.no_grad():
             program = torch.onnx.export(
                 module, (example,), dynamo=True, input_names=[INPUT_NAME],
                 output_names=output_names, dynamic_shapes=dynamic_shapes,
-                opset_version=options.opset, verbose=False, optimize=True)
+                opset_version=opset, verbose=False, optimize=True)
     except Exception as e:  # the exporter raises many types; keep the message, drop the noise
-        raise ExportError(f"torch.onnx.export failed for {cfg.name or 'model'}: {e}") from e
-    proto = program.model_proto
-    finalize(proto, config_json=cfg.to_json())
-    _name_grid_dims(proto)
-    validate_onnx(proto)
-    return write_bytes_atomic(dst, proto.SerializeToString())
+        raise ExportError(f"torch.onnx.export failed for {what}: {e}") from e
+    return program.model_proto
 
 
 def finalize(proto: onnx.ModelProto, *, config_json: str) -> None:

@@ -25,9 +25,10 @@ import torch
 from torch import nn
 
 from vit_deploy.runtime.files import write_bytes_atomic
-from vit_deploy.runtime.contract import INPUT_NAME, LOGITS_NAME, OPSET
+from vit_deploy.runtime.contract import LOGITS_NAME, OPSET
 from vit_deploy.export.model import Tokens, ViT, reference_model
-from vit_deploy.export.onnx import ExportError, _quiet, finalize, validate_onnx
+from vit_deploy.export import onnx as onnx_export
+from vit_deploy.export.onnx import finalize, validate_onnx
 from vit_deploy.outputs import OutputSelection
 
 
@@ -153,15 +154,8 @@ def export_static(model: ViT, dst: str | Path, *, batch: int, resolution: tuple[
         vit = with_mobile_ops(vit)
     module = reference_model(vit, OutputSelection(names=tuple(outputs), layer_norm=layer_norm))
     example = torch.randn(batch, cfg.in_chans, *resolution)
-    try:
-        with _quiet(), torch.no_grad():
-            program = torch.onnx.export(module, (example,), dynamo=True, input_names=[INPUT_NAME],
-                                        output_names=list(outputs), opset_version=opset,
-                                        verbose=False, optimize=True)
-    except Exception as e:  # the exporter raises many types; keep the message
-        raise ExportError(f"torch.onnx.export failed for the static graph "
-                          f"{batch}x{resolution}: {e}") from e
-    proto = program.model_proto
+    proto = onnx_export.trace(module, example, output_names=list(outputs), dynamic_shapes=None,
+                              opset=opset, what=f"the static graph {batch}x{resolution}")
     finalize(proto, config_json=cfg.to_json())
     validate_onnx(proto)
     return write_bytes_atomic(dst, proto.SerializeToString())
