@@ -46,7 +46,8 @@ $(SYSTEM_STAMP): Makefile | $(STAMP)
 	touch $(SYSTEM_STAMP)
 
 ## test: the whole test suite, on two workers (one file per worker at a time: module
-## fixtures are built once); 9 min on one worker, 7 on two, on 2 cores
+## fixtures are built once; the longest files first, tests/conftest.py); under 5 min of
+## pytest on 2 cores (docs/development.md)
 test: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
