@@ -217,6 +217,16 @@ def test_quantize_cli_records_the_cpus_and_info_says_so(tiny_bundle, tmp_path, m
     assert f"int8: exact on {cpu.REQUIREMENT_TEXT[cpu_kind]}" in " ".join(r.output.split())
     assert ("NOT exact here" in r.output) == (cpu_kind == "vnni")
 
+    # an edge target's int8 bucket graphs follow the bundle's recipe, and say so
+    r = CliRunner().invoke(main, ["target", str(bundle), "--target", "cpu", "--buckets", "48x64",
+                                  "--quiet"])
+    assert r.exit_code == 0, r.output
+    spec = load_manifest(bundle).target("cpu")
+    assert spec.record["int8_cpu"] == {"int8": cpu_kind}
+    (graph,) = [g for g in spec.graphs if g.precision == "int8"]
+    largest = max(int(np.abs(w.astype(np.int32)).max()) for w in _int8_weights(bundle / graph.file))
+    assert (largest <= 64) == (cpu_kind == "any")
+
 
 def test_quantize_cli_refuses_an_unknown_cpu(tiny_bundle):
     from click.testing import CliRunner

@@ -34,6 +34,7 @@ from vit_deploy.runtime.files import link_or_copy
 from vit_deploy.runtime.swap import staging_directory, writer_lock
 from vit_deploy.atomic import atomic_directory
 from vit_deploy.runtime.contract import BUCKET_POLICIES, TARGETS, TARGETS_DIR
+from vit_deploy.runtime.cpu import ANY_CPU
 from vit_deploy.ort_tools import ORT_FORMAT_LEVEL, _to_ort, mobile_check
 from vit_deploy.outputs import OutputSelection
 from vit_deploy.parity import ParityReport, batch_independence, compare, sample_inputs
@@ -139,8 +140,9 @@ def _add_target(bundle: Path, options: TargetOptions, log: Progress) -> TargetRe
                     log(f"{format_resolution(hw)}: {precision}")
                     calib = (_calibration(manifest, options, hw) if precision == "int8-static"
                              else None)
-                    quantize_model(fp32, stage / name, precision=precision,
-                                   options=_quant_options(manifest, precision, fp32),
+                    quant = _quant_options(manifest, precision, fp32)
+                    record.setdefault("int8_cpu", {})[precision] = quant.cpu
+                    quantize_model(fp32, stage / name, precision=precision, options=quant,
                                    calibration=calib)
                 log(f"{format_resolution(hw)} {precision}: parity against PyTorch")
                 results.append(_measure(stage, name, hw, precision, x, refs, options.batch))
@@ -203,14 +205,16 @@ def _reference_module(model: Any, outputs: tuple[str, ...], manifest: Manifest) 
 
 def _quant_options(manifest: Manifest, precision: str, fp32: Path) -> QuantOptions:
     """The bundle's own recipe for `precision` (its float-kept layers, its calibration
-    method), so a bucket graph is quantised as the dynamic one was."""
+    method, the CPUs its int8 is exact on), so a bucket graph is quantised as the dynamic
+    one was; a precision the bundle does not have (npu's int8-static): the defaults."""
     recipe = manifest.recipe(precision)
     known = set(linear_layers(onnx.load(str(fp32), load_external_data=False)))
     kept = tuple(p for p in recipe.get("kept_float_layers", []) if p in known)
     method = recipe.get("calibration", "minmax")
     return QuantOptions(exclude=tuple(p for p in kept if p != "head"), head="head" not in kept,
                         calibration=method if method in ("minmax", "entropy", "percentile")
-                        else "minmax")
+                        else "minmax",
+                        cpu=(manifest.int8_cpu(precision) if recipe else None) or ANY_CPU)
 
 
 def _calibration(manifest: Manifest, options: TargetOptions,
