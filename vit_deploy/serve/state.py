@@ -16,33 +16,18 @@ from vit_deploy.serve.limits import BodyBudget, Limits
 from vit_deploy.triton import V2Model
 
 
-async def _session(request: Request) -> Any:
-    return request.app.state.session
+def _from_state(name: str, kind: Any) -> Any:
+    """`Annotated[kind, Depends(...)]`: the dependency that reads `app.state.<name>`."""
+    async def dependency(request: Request) -> Any:
+        return getattr(request.app.state, name)
+
+    dependency.__name__ = f"app_state_{name}"
+    return Annotated[kind, Depends(dependency)]
 
 
-async def _batcher(request: Request) -> Batcher:
-    return request.app.state.batcher
-
-
-async def _model(request: Request) -> V2Model:
-    return request.app.state.model
-
-
-async def _limits(request: Request) -> Limits:
-    return request.app.state.limits
-
-
-async def _budget(request: Request) -> BodyBudget:
-    return request.app.state.budget
-
-
-async def _registry(request: Request) -> CollectorRegistry:
-    return request.app.state.registry
-
-
-SessionDep = Annotated[Any, Depends(_session)]  # the ViTSession (or one that quacks like it)
-BatcherDep = Annotated[Batcher, Depends(_batcher)]
-ModelDep = Annotated[V2Model, Depends(_model)]  # what the v2 endpoints serve
-LimitsDep = Annotated[Limits, Depends(_limits)]
-BudgetDep = Annotated[BodyBudget, Depends(_budget)]
-RegistryDep = Annotated[CollectorRegistry, Depends(_registry)]
+SessionDep = _from_state("session", Any)  # the ViTSession (or one that quacks like it)
+BatcherDep = _from_state("batcher", Batcher)
+ModelDep = _from_state("model", V2Model)  # what the v2 endpoints serve
+LimitsDep = _from_state("limits", Limits)
+BudgetDep = _from_state("budget", BodyBudget)
+RegistryDep = _from_state("registry", CollectorRegistry)
