@@ -2,7 +2,7 @@
 // onnxruntime-web on WebGPU or WebAssembly, images decoded by the browser.
 import type { InferenceSession } from 'onnxruntime-web';
 
-import type { CpuFacts, Int8Cpu, LoadOptions, Pixels, ViTMethods } from './common.js';
+import type { LoadOptions, Pixels, ViTMethods } from './common.js';
 
 export * from './common.js';
 
@@ -22,7 +22,3 @@ export declare class ViT {
 
 /** An image as pixels: { data, width, height, channels }. */
 export declare function decodeImage(image: ImageInput): Promise<Pixels>;
-/** The URL of file `name` of the bundle at `base`: BundleError unless it stays inside it. */
-export declare function bundleFile(base: URL, name: string, what?: string): Promise<URL>;
-/** Always null in the browser: WebAssembly's int8 kernels are exact on every CPU. */
-export declare function int8Warning(need: Int8Cpu | null, facts?: CpuFacts): Promise<string | null>;

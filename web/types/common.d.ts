@@ -370,3 +370,10 @@ export interface ViTMethods<Image> {
   /** Free the ONNX Runtime session. */
   release(): Promise<void>;
 }
+
+// Every entry binds these to its platform (bindPlatform in src/lib/vit.mjs):
+/** The URL of file `name` of the bundle at `base`: BundleError unless it stays inside it. */
+export declare function bundleFile(base: URL, name: string, what?: string): Promise<URL>;
+/** A warning for running an int8 file exact on `need` here; null when exact or not int8
+ * (always null in the browser: WebAssembly's int8 kernels are exact on every CPU). */
+export declare function int8Warning(need: Int8Cpu | null, facts?: CpuFacts): Promise<string | null>;

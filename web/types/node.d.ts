@@ -2,7 +2,7 @@
 // onnxruntime-node, bundles from paths or file: URLs, PNG / JPEG decoded in JavaScript.
 import type { InferenceSession } from 'onnxruntime-node';
 
-import type { CpuFacts, Int8Cpu, LoadOptions, Pixels, ViTMethods } from './common.js';
+import type { LoadOptions, Pixels, ViTMethods } from './common.js';
 
 export * from './common.js';
 
@@ -20,7 +20,3 @@ export declare class ViT {
 
 /** An image as pixels: { data, width, height, channels } (EXIF orientation applied). */
 export declare function decodeImage(image: ImageInput): Promise<Pixels>;
-/** The URL of file `name` of the bundle at `base`: BundleError unless it stays inside it. */
-export declare function bundleFile(base: URL, name: string, what?: string): Promise<URL>;
-/** A warning for running an int8 file exact on `need` here; null when exact or not int8. */
-export declare function int8Warning(need: Int8Cpu | null, facts?: CpuFacts): Promise<string | null>;

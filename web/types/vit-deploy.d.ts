@@ -1,6 +1,6 @@
 // The entry that runs in both (src/vit-deploy.mjs: it asks where it runs and loads that
 // platform's module), for resolvers that pick neither the "node" nor the "browser" condition.
-import type { CpuFacts, Int8Cpu, LoadOptions, Pixels, ViTMethods } from './common.js';
+import type { LoadOptions, Pixels, ViTMethods } from './common.js';
 import type { ImageInput as BrowserImage } from './browser.js';
 import type { ImageInput as NodeImage } from './node.js';
 
@@ -20,5 +20,3 @@ export declare class ViT {
 }
 
 export declare function decodeImage(image: ImageInput): Promise<Pixels>;
-export declare function bundleFile(base: URL, name: string, what?: string): Promise<URL>;
-export declare function int8Warning(need: Int8Cpu | null, facts?: CpuFacts): Promise<string | null>;
