@@ -177,8 +177,8 @@ HEAVY_FILES = {
 
 # The longest files first (seconds in one quiet `make test`, 2026-12-01), so the two workers
 # finish close together (longest processing time first): `make test` hands whole files to
-# the workers in collection order (--no-loadscope-reorder; xdist would otherwise order
-# files by their number of tests).
+# the workers in collection order (--no-loadscope-reorder, pytest-xdist >= 3.8; xdist would
+# otherwise order files by their number of tests).
 LONGEST_FIRST = ["test_install.py",  # 74: the wheel in fresh venvs, every platform resolved
                  "test_readme.py",  # 49: the README's ViT-B/16 export
                  "test_web.py", "test_server_hostile.py", "test_checkpoints.py",  # 42, 38, 26
