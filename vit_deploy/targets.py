@@ -34,7 +34,7 @@ from vit_deploy.runtime.files import link_or_copy
 from vit_deploy.runtime.swap import staging_directory, writer_lock
 from vit_deploy.atomic import atomic_directory
 from vit_deploy.runtime.contract import BUCKET_POLICIES, TARGETS, TARGETS_DIR
-from vit_deploy.runtime.cpu import ANY_CPU
+from vit_deploy.runtime.cpu import ANY_CPU, VNNI_CPU
 from vit_deploy.ort_tools import ORT_FORMAT_LEVEL, _to_ort, mobile_check
 from vit_deploy.outputs import OutputSelection
 from vit_deploy.parity import ParityReport, batch_independence, compare, sample_inputs
@@ -205,8 +205,10 @@ def _reference_module(model: Any, outputs: tuple[str, ...], manifest: Manifest) 
 
 def _quant_options(manifest: Manifest, precision: str, fp32: Path) -> QuantOptions:
     """The bundle's own recipe for `precision` (its float-kept layers, its calibration
-    method, the CPUs its int8 is exact on), so a bucket graph is quantised as the dynamic
-    one was; a precision the bundle does not have (npu's int8-static): the defaults."""
+    method), so a bucket graph is quantised as the dynamic one was; 8-bit weights only where
+    the recipe says `vnni` in so many words. Anything else (`any`, an old file that does not
+    say, a value we do not know, a precision the bundle lacks such as npu's int8-static)
+    gets the portable 7-bit weights: a new graph is never less portable than stated."""
     recipe = manifest.recipe(precision)
     known = set(linear_layers(onnx.load(str(fp32), load_external_data=False)))
     kept = tuple(p for p in recipe.get("kept_float_layers", []) if p in known)
@@ -214,7 +216,7 @@ def _quant_options(manifest: Manifest, precision: str, fp32: Path) -> QuantOptio
     return QuantOptions(exclude=tuple(p for p in kept if p != "head"), head="head" not in kept,
                         calibration=method if method in ("minmax", "entropy", "percentile")
                         else "minmax",
-                        cpu=(manifest.int8_cpu(precision) if recipe else None) or ANY_CPU)
+                        cpu=VNNI_CPU if recipe.get("cpu") == VNNI_CPU else ANY_CPU)
 
 
 def _calibration(manifest: Manifest, options: TargetOptions,
