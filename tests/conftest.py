@@ -32,7 +32,7 @@ def _torch_threads():
 # was already traced (the same classes and methods, attributes, weights, example shape, dynamic
 # shapes and output names) is served from memory; everything after the trace (our finishing,
 # checks, simplification, parity, quantisation) runs as always. The exporter is deterministic
-# (tests/export/test_onnx.py proves the memo gives the exporter's bytes), and a module with
+# (tests/test_trace_memo.py proves the memo gives the exporter's bytes), and a module with
 # hooks or anything not plain data on it is always traced afresh. Subprocesses (the CLI
 # tests) trace for real. A test that needs the exporter itself to run, or that patches a
 # module-level function the model calls (the key sees classes, not modules):
@@ -40,6 +40,7 @@ def _torch_threads():
 MEMO_MAX_BYTES = 64 << 20  # weights larger than this are traced every time
 _traces: dict[tuple, bytes] = {}
 _real_trace = onnx_export.trace
+_fresh_trace = False  # set per test by the fresh_trace marker (_trace_memo below)
 
 
 def trace_key(module: nn.Module, example: torch.Tensor, **kw) -> tuple | None:
@@ -93,9 +94,6 @@ def _memo_trace(module, example, **kw):
     if key not in _traces:
         _traces[key] = _real_trace(module, example, **kw).SerializeToString()
     return onnx.load_from_string(_traces[key])  # a fresh proto: callers change theirs
-
-
-_fresh_trace = False
 
 
 def pytest_configure(config):

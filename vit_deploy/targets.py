@@ -39,7 +39,7 @@ from vit_deploy.ort_tools import ORT_FORMAT_LEVEL, _to_ort, mobile_check
 from vit_deploy.outputs import OutputSelection
 from vit_deploy.parity import ParityReport, batch_independence, compare, sample_inputs
 from vit_deploy.progress import Progress, silent
-from vit_deploy.quantize import QuantOptions, linear_layers, quantize_model
+from vit_deploy.quantize import CALIBRATION_METHODS, QuantOptions, linear_layers, quantize_model
 from vit_deploy.runtime.manifest import Manifest, load_manifest
 from vit_deploy.runtime.manifest_parts import BucketGraph, FileEntry, TargetSpec
 from vit_deploy.runtime.ort_session import RuntimeOptions
@@ -214,8 +214,7 @@ def _quant_options(manifest: Manifest, precision: str, fp32: Path) -> QuantOptio
     kept = tuple(p for p in recipe.get("kept_float_layers", []) if p in known)
     method = recipe.get("calibration", "minmax")
     return QuantOptions(exclude=tuple(p for p in kept if p != "head"), head="head" not in kept,
-                        calibration=method if method in ("minmax", "entropy", "percentile")
-                        else "minmax",
+                        calibration=method if method in CALIBRATION_METHODS else "minmax",
                         cpu=VNNI_CPU if recipe.get("cpu") == VNNI_CPU else ANY_CPU)
 
 
