@@ -22,7 +22,7 @@ import math
 import re
 import warnings
 from pathlib import Path
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -624,13 +624,24 @@ def load_hf(directory: Path) -> ViT:
         raise CheckpointError(f"{where}: its weights do not match config.json: shape mismatch: "
                               f"{_some(problems)}")
 
-    ours = {mine: (torch.cat([state[t] for t in theirs]) if len(theirs) > 1 else state[theirs[0]])
-            for mine, theirs in spec}
+    ours = {mine: _joined(state, theirs) for mine, theirs in spec}
+    return _built(cfg, ours, where=where, ignored=ignored, stacklevel=3)
+
+
+def _joined(state: dict[str, torch.Tensor], theirs: Sequence[str]) -> torch.Tensor:
+    """Our one tensor from their one or several (concatenated: separate q, k, v)."""
+    return torch.cat([state[t] for t in theirs]) if len(theirs) > 1 else state[theirs[0]]
+
+
+def _built(cfg: ViTConfig, ours: dict[str, torch.Tensor], *, where: str, ignored: Sequence[str],
+           stacklevel: int) -> ViT:
+    """The model `cfg` builds with the weights `ours`; a CheckpointWarning names the
+    checkpoint's tensors that were not used (at the caller's caller: `stacklevel`)."""
     model = build_model(cfg, seed=None)
     load_state(model, ours, source=where)
     if ignored:
         warnings.warn(f"{where}: not used, these tensors do not change the exported outputs: "
-                      f"{_some(ignored)}", CheckpointWarning, stacklevel=2)
+                      f"{_some(ignored)}", CheckpointWarning, stacklevel=stacklevel)
     return model
 
 
@@ -930,7 +941,7 @@ def _build_mapped(cfg: ViTConfig, state: dict[str, torch.Tensor], given: dict[st
                              needs=f"config.json ({kind}, {cfg.depth} layers)")
     ours = {}
     for mine, theirs in spec:
-        t = torch.cat([state[k] for k in theirs]) if len(theirs) > 1 else state[theirs[0]]
+        t = _joined(state, theirs)
         ours[mine] = convert[mine](t) if mine in convert else t
     shapes = _expected_shapes(cfg, blocks=cfg.depth) or {}
     wrong = [f"{mine} (from {', '.join(theirs)}): checkpoint {tuple(ours[mine].shape)} vs "
@@ -939,9 +950,4 @@ def _build_mapped(cfg: ViTConfig, state: dict[str, torch.Tensor], given: dict[st
     if wrong:
         raise CheckpointError(f"{where}: its weights do not match config.json: shape mismatch: "
                               f"{_some(wrong)}")
-    model = build_model(cfg, seed=None)
-    load_state(model, ours, source=where)
-    if ignored:
-        warnings.warn(f"{where}: not used, these tensors do not change the exported outputs: "
-                      f"{_some(ignored)}", CheckpointWarning, stacklevel=3)
-    return model
+    return _built(cfg, ours, where=where, ignored=ignored, stacklevel=4)
