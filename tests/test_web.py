@@ -510,6 +510,24 @@ def _start_cli_server(args: list[str]) -> tuple[subprocess.Popen, str]:
     raise AssertionError(f"vit-deploy web --serve printed no URL: {proc.stderr.read()[-2000:]}")
 
 
+def _chromium_node() -> str:
+    """Node, after making sure Debian's Chromium is there for testing/chromium.mjs."""
+    node = _node()
+    if not Path(CHROMIUM).is_file():
+        pytest.fail(f"{CHROMIUM} is missing: the browser test needs Debian's chromium package "
+                    f"(make setup installs it where apt-get is usable)")
+    return node
+
+
+def _chromium_pages(node: str, job: dict, tmp_path: Path, *, timeout: float) -> list[dict]:
+    """testing/chromium.mjs on `job` (written to tmp_path/job.json): the pages it reports."""
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    r = subprocess.run([node, "testing/chromium.mjs", str(tmp_path / "job.json")], cwd=WEB,
+                       capture_output=True, text=True, timeout=timeout, check=False)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return json.loads(r.stdout)["pages"]
+
+
 def test_site_in_headless_chromium(fixtures, tmp_path):
     """The generated site, served by `vit-deploy web --serve`, in Debian's Chromium:
     tensors within one 8-bit step of Python's, logits cosine >= 0.9999 and the same top-1
@@ -517,10 +535,7 @@ def test_site_in_headless_chromium(fixtures, tmp_path):
     so) on a plain host, external data passed explicitly, and a screenshot of the page."""
     from vit_deploy.web import make_server, write_site
 
-    node = _node()
-    if not Path(CHROMIUM).is_file():
-        pytest.fail(f"{CHROMIUM} is missing: the browser test needs Debian's chromium package "
-                    f"(make setup installs it where apt-get is usable)")
+    node = _chromium_node()
     index = json.loads((fixtures / "index.json").read_text())
     images = {name: base64.b64encode((IMAGES / name).read_bytes()).decode()
               for name in index["images"]}
@@ -538,16 +553,12 @@ def test_site_in_headless_chromium(fixtures, tmp_path):
             {"url": url, "precision": "fp32", "check": True}],  # no adapter: wasm only
             "screenshot": {"url": url, "image": str(IMAGES / "hopper.jpg"),
                            "path": str(tmp_path / "demo.png")}}
-        (tmp_path / "job.json").write_text(json.dumps(job))
-        r = subprocess.run([node, "testing/chromium.mjs", str(tmp_path / "job.json")], cwd=WEB,
-                           capture_output=True, text=True, timeout=180, check=False)
+        pages = _chromium_pages(node, job, tmp_path, timeout=180)
     finally:
         proc.kill()
         proc.wait()
         plain.shutdown()
         plain.server_close()
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    pages = json.loads(r.stdout)["pages"]
     isolated, int8, external, checked = pages
     _assert_fallback_check(checked, fixtures)
     assert isolated["info"]["provider"] == "wasm" and isolated["info"]["threads"] == 2
@@ -628,23 +639,17 @@ def test_check_and_measure_on_webgpu_in_headless_chromium(fixtures, tmp_path):
     page's "check and measure" (?check=1) runs vit.check() on webgpu and wasm, fp32 and
     int8, every golden reference within the tolerance policy of PyTorch's outputs; fp16
     where the adapter offers shader-f16 (SwiftShader does not: said so)."""
-    node = _node()
-    if not Path(CHROMIUM).is_file():
-        pytest.fail(f"{CHROMIUM} is missing: the browser test needs Debian's chromium package")
+    node = _chromium_node()
     proc, url = _start_cli_server([str(fixtures / "bundle"), "--out", str(tmp_path / "site"),
                                    "--precision", "fp32,int8", "--threads", "2"])
     try:
         job = {"chromium": CHROMIUM, "gpu": True, "images": {}, "pages": [
             {"url": url, "precision": "fp32", "check": True},
             {"url": url, "precision": "int8", "check": True}]}
-        (tmp_path / "job.json").write_text(json.dumps(job))
-        r = subprocess.run([node, "testing/chromium.mjs", str(tmp_path / "job.json")], cwd=WEB,
-                           capture_output=True, text=True, timeout=300, check=False)
+        fp32, int8 = _chromium_pages(node, job, tmp_path, timeout=300)
     finally:
         proc.kill()
         proc.wait()
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    fp32, int8 = json.loads(r.stdout)["pages"]
     for page in (fp32, int8):
         assert page["check"]["offered"]["backends"] == ["webgpu", "wasm"], page["check"]
         assert page["info"]["provider"] == "webgpu" and page["info"]["fallback"] is None
