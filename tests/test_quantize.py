@@ -123,7 +123,8 @@ def test_bad_options_are_refused():
 def test_add_precisions_rewrites_the_bundle_with_recipes(fp32_bundle, calib, tmp_path):
     bundle = tmp_path / "b"
     shutil.copytree(fp32_bundle, bundle)
-    results = add_precisions(bundle, ["int8", "fp16", "int4", "int8-static"], calibration=calib)
+    # calibrated and judged on the shipped real photographs (the defaults)
+    results = add_precisions(bundle, ["int8", "fp16", "int4", "int8-static"])
     assert all(r.passed for r in results), [r.notes for r in results]
     manifest = load_manifest(bundle)  # hashes of the new files verified
     assert set(manifest.models) == {"fp32", "int8", "fp16", "int4", "int8-static"}
@@ -163,7 +164,7 @@ def test_sensitivity_keeps_the_worst_layers_float(fp32_bundle, tmp_path):
     shutil.copytree(fp32_bundle, bundle)
     [full] = add_precisions(bundle, ["int4"], options=PrecisionOptions(
         quant=QuantOptions(block_size=16)))
-    full_drop = 1 - min(c.cosine for c in full.parity.cases)
+    full_drop = 1 - full.worst_photo.cosine_min  # ranked and judged on real photographs
     budget = full_drop / 3
     [r] = add_precisions(bundle, ["int4"], options=PrecisionOptions(
         quant=QuantOptions(block_size=16), max_drop=budget))
@@ -174,14 +175,24 @@ def test_sensitivity_keeps_the_worst_layers_float(fp32_bundle, tmp_path):
                                                    key=[*LAYERS, "head"].index)
     alone = [x["drop_alone"] for x in ranking]
     assert alone[:len(kept)] == sorted(alone[:len(kept)], reverse=True)
-    assert 1 - min(c.cosine for c in r.parity.cases) <= budget + 1e-9
+    assert 1 - r.worst_photo.cosine_min <= budget + 1e-9
 
 
-def test_static_int8_without_calibration_is_a_usage_error(fp32_bundle, tmp_path):
+def test_static_int8_calibrates_on_the_shipped_photographs_by_default(fp32_bundle, tmp_path):
+    from vit_deploy.data import photo_paths
+
     bundle = tmp_path / "b"
     shutil.copytree(fp32_bundle, bundle)
     r = CliRunner().invoke(main, ["quantize", str(bundle), "--precision", "int8-static"])
-    assert r.exit_code == 2 and "needs calibration images" in r.output
+    assert r.exit_code == 0, r.output
+    record = json.loads((bundle / MANIFEST_NAME).read_text())["precisions"]["int8-static"]
+    calib, held_out = photo_paths("calib"), photo_paths("eval")
+    assert len(calib) == len(held_out) == 6 and not {p.name for p in calib} & {p.name for p in held_out}
+    # each whole and two crops, at both sizes it is judged at (native 32x32, deploy 32x48)
+    assert record["recipe"]["calibration_images"] == 3 * len(calib) * 2
+    assert "shipped with vit-deploy" in record["recipe"]["calibration_source"]
+    assert record["real_images"]["judged_on"].startswith("6 real photographs shipped")
+    assert all(c["passed"] and c["images"] == 18 for c in record["real_images"]["cases"])
     r = CliRunner().invoke(main, ["quantize", str(bundle), "--precision", "int3"])
     assert r.exit_code == 2 and "unknown precision" in r.output
 
@@ -200,7 +211,13 @@ def test_calibration_from_a_folder(fp32_bundle, tmp_path):
                                   "--calib", str(images), "--calib-method", "percentile"])
     assert r.exit_code == 0, r.output
     recipe = json.loads((bundle / MANIFEST_NAME).read_text())["precisions"]["int8-static"]["recipe"]
-    assert recipe["calibration"] == "percentile" and recipe["calibration_images"] == 6
+    # every 4th image (one of six) is held out to judge; the other five calibrate, each
+    # whole and two crops, at both sizes
+    assert recipe["calibration"] == "percentile" and recipe["calibration_images"] == 30
+    judged = json.loads((bundle / MANIFEST_NAME).read_text())["precisions"]["int8-static"][
+        "real_images"]
+    assert judged["judged_on"].startswith(f"1 image of {images} held out from calibration")
+    assert {c["images"] for c in judged["cases"]} == {3}
 
 
 def test_int8_gelu_fusion_is_exact(fp32_bundle, tmp_path):

