@@ -18,6 +18,9 @@ import pytest
 from click.testing import CliRunner
 
 from vit_deploy.cli import main
+from vit_deploy.data import data_path
+from vit_deploy.export.references import REFERENCE_PHOTOS
+from vit_deploy.runtime.preprocess import Preprocess
 from vit_deploy.runtime.contract import COSINE_MIN, MODEL_FILE
 from vit_deploy.runtime.manifest import Manifest, load_manifest
 from vit_deploy.runtime.manifest_parts import BundleError
@@ -62,15 +65,22 @@ def test_export_stores_pytorch_outputs_for_every_declared_output(tiny_bundle, to
     assert refs.source.startswith("pytorch fp32 (torch ")
     assert manifest.files[REFERENCES_FILE].role == "references"
     assert [(c.name, c.resolution, c.batch) for c in refs.cases] == [
-        ("deploy", (48, 64), 2), ("native", (32, 32), 2), ("non-square", (32, 24), 2)]
+        ("deploy", (48, 64), 2), ("native", (32, 32), 2), ("non-square", (32, 24), 2),
+        ("photos", (48, 64), 2)]
+    assert [c.pixels is not None for c in refs.cases] == [False, False, False, True]
     seen = 0
     for case, x, outputs in iter_references(result.path / refs.file, refs):
         assert set(outputs) == set(manifest.io.output_names)
         np.testing.assert_allclose(outputs["logits"], torch_logits(model, x), rtol=0, atol=1e-6)
+        if case.pixels is not None:  # two shipped photographs, made input as the runtime does
+            pre = Preprocess.from_manifest(manifest, resize="shorter_side_center_crop")
+            expected = np.stack([pre(data_path(f"photos/{n}")) for n in REFERENCE_PHOTOS])
+            assert np.array_equal(x, expected)  # bit for bit
         seen += 1
-    assert seen == 3
+    assert seen == 4
     size = manifest.files[REFERENCES_FILE].size
-    assert size == refs.nbytes <= MAX_FRACTION * manifest.files[MODEL_FILE].size
+    assert refs.nbytes <= MAX_FRACTION * manifest.files[MODEL_FILE].size
+    assert size == refs.file_bytes == refs.nbytes + 2 * 3 * 48 * 64
     again = Manifest.from_json(manifest.to_json())
     assert again.references == refs
 
@@ -111,8 +121,8 @@ def test_check_without_torch_uses_the_references(quantised_bundle, tmp_path):
     _assert_schema(data, "check")
     assert data["passed"] is True and data["reference"].startswith("golden references")
     cases = {(c["precision"], c["label"]) for c in data["cases"]}
-    assert cases == {(p, f"{res} b2") for p in ("fp32", "int8")
-                     for res in ("24x40", "32x32", "32x24")}
+    assert cases == {(p, label) for p in ("fp32", "int8")
+                     for label in ("24x40 b2", "32x32 b2", "32x24 b2", "24x40 b2 photos")}
     assert min(c["cosine"] for c in data["cases"] if c["precision"] == "int8") >= COSINE_MIN["int8"]
 
 
@@ -211,7 +221,10 @@ def test_target_buckets_get_references_at_their_sizes(quantised_bundle, tmp_path
     add_target(bundle, TargetOptions(target="cpu", buckets=((24, 24),)))  # replaces its cases
     manifest = load_manifest(bundle)
     assert [c.name for c in manifest.references.cases if c.target] == ["cpu 24x24"]
-    assert manifest.files[REFERENCES_FILE].size == manifest.references.nbytes
+    assert manifest.files[REFERENCES_FILE].size == manifest.references.file_bytes
+    photos = [c for c in manifest.references.cases if c.pixels is not None]
+    assert [c.name for c in photos] == ["photos"] and photos == [
+        c for c in before.cases if c.pixels is not None]  # kept, pixels and all
     report = run_check(bundle, CheckOptions(reference="bundle", precisions=("fp32", "int8")))
     assert report, report.to_markdown()
     buckets = {(c.provider, c.precision, c.resolution) for c in report.parity.cases

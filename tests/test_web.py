@@ -158,6 +158,11 @@ def make_fixtures(out: Path) -> dict:
                     "file": _write_f32(out / f"logits-{name}-{precision}.f32", session.run(x)),
                     "top": [{"index": c.index, "label": c.label, "probability": c.probability}
                             for c in top]})
+    from vit_deploy.runtime.references import iter_references
+
+    refs = manifest.references  # the real-photograph case's input as Python makes it
+    [photo] = [x for c, x, _ in iter_references(bundle / refs.file, refs) if c.pixels is not None]
+    index["photo_input"] = _write_f32(out / "photo-input.f32", photo)
     index["dense"] = _dense_fixtures(out)
     (out / "index.json").write_text(json.dumps(index, indent=2))
     return index

@@ -200,12 +200,13 @@ def _check_golden(bundle: Path, manifest: Manifest, options: CheckOptions,
                          f"{[format_resolution(hw) for hw in options.resolutions]}")
     report = CheckReport(str(bundle), ParityReport(), require=options.require,
                          reference=golden_reference_text(manifest))
-    own = [(x, outs) for c, x, outs in stored if c.target is None]
+    own = [(c, x, outs) for c, x, outs in stored if c.target is None]
     C = manifest.config.in_chans
     for ran, precision, session in _sessions(bundle, options, precisions, report, progress):
         report.parity.cases += compare(
-            session.run_all, [o for _, o in own], [x for x, _ in own], precision=precision,
-            provider=ran, progress=progress, fallback_nodes=len(session.cpu_fallback_nodes()))
+            session.run_all, [o for _, _, o in own], [x for _, x, _ in own], precision=precision,
+            provider=ran, progress=progress, fallback_nodes=len(session.cpu_fallback_nodes()),
+            cases=[c.name if c.pixels is not None else "" for c, _, _ in own])
         _invariants(session, ran, precision, manifest.deploy_resolution, C, report, progress)
     for name, spec in manifest.targets.items() if options.targets else ():
         cases = [(c, x, outs) for c, x, outs in stored if c.target == name]

@@ -40,11 +40,13 @@ class ParityCase:
     passed: bool
     fallback_nodes: int = 0  # nodes ORT placed on CPU while another provider was asked for
     output: str = LOGITS_NAME  # which output of the model was compared
+    case: str = ""  # a golden reference case that is not seeded noise (e.g. "photos")
 
     @property
     def label(self) -> str:
         named = "" if self.output == LOGITS_NAME else f" {self.output}"
-        return f"{format_resolution(self.resolution)} b{self.batch}{named}"
+        case = f" {self.case}" if self.case else ""
+        return f"{format_resolution(self.resolution)} b{self.batch}{case}{named}"
 
     @property
     def top1_text(self) -> str:
@@ -150,24 +152,24 @@ def metrics(ref: np.ndarray, out: np.ndarray) -> dict[str, float]:
 
 def compare(run: Forward, references: Sequence[np.ndarray], inputs: Sequence[np.ndarray], *,
             precision: str = "fp32", provider: str, progress: Progress = silent,
-            fallback_nodes: int = 0) -> list[ParityCase]:
+            fallback_nodes: int = 0, cases: Sequence[str] | None = None) -> list[ParityCase]:
     """The one parity comparison: `run` on each input against its reference output, judged
     by the policy of `precision`'s tolerance class. Every case is kept, failing or not.
     A multi-output model gives {name: array}: each output is one case of its own."""
     if len(references) != len(inputs):
         raise ValueError(f"{len(references)} references for {len(inputs)} inputs")
-    cases = []
-    for ref, x in zip(references, inputs):
+    judged = []
+    for ref, x, case in zip(references, inputs, cases or [""] * len(inputs)):
         hw = tuple(x.shape[2:])
         progress(f"parity {precision} on {provider}: {format_resolution(hw)} b{len(x)}")
         out = run(x)
         pairs = ([(name, r, _output(out, name)) for name, r in ref.items()]
                  if isinstance(ref, Mapping) else [(LOGITS_NAME, ref, _output(out, None))])
         for name, r, o in pairs:
-            cases.append(replace(judge(r, o, resolution=hw, provider=provider,
-                                       precision=precision, output=name),
-                                 fallback_nodes=fallback_nodes))
-    return cases
+            judged.append(replace(judge(r, o, resolution=hw, provider=provider,
+                                        precision=precision, output=name),
+                                  fallback_nodes=fallback_nodes, case=case))
+    return judged
 
 
 def _output(out: Outputs, name: str | None) -> np.ndarray:

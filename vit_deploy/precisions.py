@@ -335,7 +335,9 @@ def choose_smoothing(evaluator: Evaluator, precision: str, quant: QuantOptions,
                      log: Callable[[str], None]) -> tuple[QuantOptions, dict[str, float]]:
     """The smoothing alpha for an int8 precision: the given one, or with "auto" the one of
     SMOOTH_ALPHAS whose model agrees best with fp32 on the calibration images (the
-    judging images stay held out). Ties keep the weaker smoothing."""
+    judging images stay held out). Ties keep the weaker smoothing. The probes calibrate
+    by minmax (ORT's entropy search takes seconds per tensor); the file written uses the
+    method asked for."""
     if smooth != "auto":
         return dataclasses.replace(quant, smooth=float(smooth)), {}
     scores: dict[str, float] = {}
@@ -343,7 +345,7 @@ def choose_smoothing(evaluator: Evaluator, precision: str, quant: QuantOptions,
     for alpha in SMOOTH_ALPHAS:
         path = tmp / f"probe.smooth.{precision}.onnx"
         quantize_model(evaluator.reference, path, precision=precision, calibration=calibration,
-                       options=dataclasses.replace(quant, smooth=alpha))
+                       options=dataclasses.replace(quant, smooth=alpha, calibration="minmax"))
         score = evaluator.calibration_score(path, calibration)
         scores["none" if alpha is None else str(alpha)] = round(score, 6)
         if score > best_score + 1e-6:

@@ -27,6 +27,10 @@ from vit_deploy.runtime.contract import INPUT_NAME, IR_VERSION, METADATA_LINEARS
 from vit_deploy.runtime.cpu import ANY_CPU, INT8_CPUS, REQUIREMENT_TEXT
 
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
+# Entropy calibration's histogram: 512 bins searched for the 128-bin quantisation with the
+# least KL divergence (ORT's search runs in Python: 2048 bins took 60 s on a 2-block test
+# model, 512 take 3 s)
+ENTROPY_BINS = 512
 FP16_KEEP_FP32 = ("LayerNormalization", "Softmax", "Resize")  # overflow / precision-sensitive
 
 
@@ -311,7 +315,7 @@ def _calibrated_ranges(src: Path, calibration: Sequence[np.ndarray], method: Any
     """{tensor: [{rmin, rmax}]} from ORT's histogram calibrator for `method`."""
     from onnxruntime.quantization.calibrate import create_calibrator
 
-    extra = ({"num_bins": 2048, "num_quantized_bins": 128} if options.calibration == "entropy"
+    extra = ({"num_bins": ENTROPY_BINS, "num_quantized_bins": 128} if options.calibration == "entropy"
              else {"num_bins": 2048, "percentile": options.percentile})
     with tempfile.TemporaryDirectory() as tmp:
         calibrator = create_calibrator(src, ["MatMul", "Gemm"],

@@ -302,12 +302,13 @@ def _rewrite(bundle: Path, manifest: Manifest, spec: TargetSpec, stage: Path,
 
 def _with_bucket_references(bundle: Path, manifest: Manifest, target: str, ref_cases: list,
                             tmp: Path) -> Manifest:
-    from vit_deploy.runtime.references import REFERENCES_ROLE, pack, read_outputs
+    from vit_deploy.runtime.references import REFERENCES_ROLE, pack, read_outputs, read_pixels
 
     old = manifest.references
     kept = old.without_target(target)
-    cases = [*zip(kept.cases, read_outputs(manifest.resolve(bundle, old.file), kept)), *ref_cases]
-    refs, data = pack(cases, source=old.source, file=old.file)
+    path = manifest.resolve(bundle, old.file)
+    cases = [*zip(kept.cases, read_outputs(path, kept)), *ref_cases]
+    refs, data = pack(cases, source=old.source, file=old.file, pixels=read_pixels(path, kept))
     (tmp / old.file).unlink(missing_ok=True)  # a link to the live bundle's file: never write it
     (tmp / old.file).write_bytes(data)
     return manifest.with_references(refs, FileEntry.of(tmp / old.file, REFERENCES_ROLE))

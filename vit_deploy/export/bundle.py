@@ -17,8 +17,8 @@ from vit_deploy.runtime.contract import (BATCH_DIM, HEIGHT_DIM, INPUT_NAME, MODE
                                  WEIGHTS_FILE, WEIGHTS_ROLE, WIDTH_DIM, model_role)
 from vit_deploy.export.checkpoints import save_weights
 from vit_deploy.export.sources import SourcePreprocess
-from vit_deploy.export.references import (budget, golden_references, reference_sizes,
-                                          write_references)
+from vit_deploy.export.references import (budget, golden_references, photo_reference,
+                                          reference_sizes, write_references)
 from vit_deploy.export.onnx import ExportError, OnnxOptions, export_onnx, node_count
 from vit_deploy.export.simplify import simplify_onnx
 from vit_deploy.runtime.config import ViTConfig
@@ -165,12 +165,20 @@ def export_bundle(model: ViT, out: str | Path, *, options: ExportOptions = Expor
             leftover.unlink(missing_ok=True)
         progress(f"writing the bundle to {out}")
         save_weights(model, tmp / WEIGHTS_FILE)
-        progress("storing the golden references (PyTorch fp32 on seeded inputs)")
+        progress("storing the golden references (PyTorch fp32 on seeded inputs and two "
+                 "real photographs)")
+        bound = budget((tmp / MODEL_FILE).stat().st_size)
         ref_cases, ref_notes = golden_references(
             forward, reference_sizes(cfg, resolution, options.static), channels=cfg.in_chans,
-            output_names=selection.names, budget_bytes=budget((tmp / MODEL_FILE).stat().st_size))
-        notes += ref_notes
-        references = write_references(ref_cases, tmp) if ref_cases else None
+            output_names=selection.names, budget_bytes=bound)
+        photo_cases, pixels, photo_notes = photo_reference(
+            forward, resolution, preprocess_spec(options, cfg, resolution),
+            patch_size=cfg.patch_size, channels=cfg.in_chans, output_names=selection.names,
+            budget_bytes=bound, used_bytes=sum(a.size * 4 for _, o in ref_cases
+                                               for a in o.values()))
+        notes += ref_notes + photo_notes
+        ref_cases += photo_cases
+        references = write_references(ref_cases, tmp, pixels=pixels) if ref_cases else None
         seconds = time.perf_counter() - start
         manifest = build_manifest(model, tmp, options=options, selection=selection,
                                   resolution=resolution, references=references,
@@ -209,6 +217,13 @@ def _verify(model: ViT, selection: OutputSelection, path: Path, inputs: dict, re
     return ParityReport(cases=cases, checks=checks)
 
 
+def preprocess_spec(options: ExportOptions, cfg: Any, resolution: tuple[int, int]
+                    ) -> PreprocessSpec:
+    """The bundle's preprocessing: the checkpoint's own, else the config's mean / std."""
+    return (options.preprocess.spec(resolution) if options.preprocess else
+            PreprocessSpec(resolution=tuple(resolution), mean=cfg.mean, std=cfg.std))
+
+
 def build_manifest(model: ViT, root: Path, *, options: ExportOptions,
                    selection: OutputSelection, resolution: tuple[int, int],
                    report: ParityReport, record: dict[str, Any],
@@ -221,8 +236,7 @@ def build_manifest(model: ViT, root: Path, *, options: ExportOptions,
     return Manifest(
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         config=cfg,
-        preprocess=(options.preprocess.spec(resolution) if options.preprocess else
-                    PreprocessSpec(resolution=tuple(resolution), mean=cfg.mean, std=cfg.std)),
+        preprocess=preprocess_spec(options, cfg, resolution),
         io=IOSpec(inputs=(TensorSpec(INPUT_NAME, "float32",
                                      (BATCH_DIM, cfg.in_chans, h_dim, w_dim)),),
                   outputs=tuple(outputs), dynamic=not options.static, patch_size=cfg.patch_size,

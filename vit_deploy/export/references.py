@@ -1,5 +1,6 @@
 """Golden references at export (and per target bucket): PyTorch fp32 outputs for inputs
-regenerated from a seed (runtime/references.py reads them, torch-free)."""
+regenerated from a seed, and for two real photographs stored as pixels
+(runtime/references.py reads them, torch-free)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import numpy as np
 import torch
 
 from vit_deploy.runtime.config import ViTConfig
+from vit_deploy.runtime.manifest_parts import PreprocessSpec
 from vit_deploy.runtime.references import (MAX_FRACTION, REFERENCE_BATCH, REFERENCES_FILE,
-                                           ReferenceCase, References, mulberry32_uniform, pack)
+                                           ReferenceCase, ReferencePixels, References,
+                                           mulberry32_uniform, pack)
 
 SEEDS = {"deploy": 1, "native": 2, "non-square": 3}
 Forward = Callable[[np.ndarray], object]
@@ -72,13 +75,57 @@ def golden_references(forward: Forward, sizes: Sequence[tuple[str, tuple[int, in
     return cases, notes
 
 
+# Two of the held-out photographs shipped with the package (vit_deploy/data/photos): a
+# colour one and a portrait, both public domain / CC0.
+REFERENCE_PHOTOS = ("eval-chelsea.jpg", "eval-hopper.jpg")
+PHOTO_CASE = "photos"
+# The photographs' uint8 pixels have their own bound: the larger of the outputs' bound and
+# this (ViT-B/16 at 448: 1.2 MB of pixels, 0.4 % of the model; a tiny test model at 48x64:
+# 18 KB, more than 5 % of its 0.3 MB)
+PIXEL_ALLOWANCE = 64 * 1024
+
+
+def photo_reference(forward: Forward, resolution: tuple[int, int], preprocess: PreprocessSpec,
+                    *, patch_size: int, channels: int, output_names: Sequence[str],
+                    budget_bytes: int, used_bytes: int = 0
+                    ) -> tuple[list[tuple[ReferenceCase, dict[str, np.ndarray]]],
+                               dict[str, np.ndarray], list[str]]:
+    """The real-photograph case at `resolution`: two shipped photographs resized and
+    centre-cropped by the bundle's interpolation, stored as uint8, their input made as the
+    bundle's preprocessing makes it. ([case], {name: pixels}, notes)."""
+    from vit_deploy.data import data_path
+    from vit_deploy.runtime.preprocess import Preprocess
+
+    if channels != 3:
+        return [], {}, [f"no real-photograph reference: the model takes {channels} channels"]
+    pre = Preprocess(resolution=resolution, patch_size=patch_size, mean=preprocess.mean,
+                     std=preprocess.std, resize="shorter_side_center_crop",
+                     interpolation=preprocess.interpolation, scale=preprocess.scale)
+    pixels = np.stack([pre.pixels(data_path(f"photos/{name}")).transpose(2, 0, 1)
+                       for name in REFERENCE_PHOTOS])
+    stored = ReferencePixels(offset=0, mean=tuple(pre.mean), std=tuple(pre.std),
+                             scale=float(pre.scale))
+    case = ReferenceCase(name=PHOTO_CASE, seed=0, shape=tuple(pixels.shape), outputs={},
+                         pixels=stored)
+    x = stored.input(pixels.tobytes(), pixels.shape)
+    outputs = _named(forward(x), output_names)
+    size = sum(a.size * 4 for a in outputs.values())
+    if used_bytes + size > budget_bytes or pixels.size > max(budget_bytes, PIXEL_ALLOWANCE):
+        return [], {}, [f"reference case {PHOTO_CASE} ({resolution[0]}x{resolution[1]}: "
+                        f"outputs {size} bytes, pixels {pixels.size}) left out: over the bound "
+                        f"of {budget_bytes} bytes ({MAX_FRACTION:.0%} of the fp32 model) for "
+                        f"outputs, or of {max(budget_bytes, PIXEL_ALLOWANCE)} for pixels"]
+    return [(case, outputs)], {PHOTO_CASE: pixels}, []
+
+
 def budget(model_bytes: int) -> int:
     return math.floor(MAX_FRACTION * model_bytes)
 
 
 def write_references(cases: list[tuple[ReferenceCase, dict[str, np.ndarray]]], root,
-                     file: str = REFERENCES_FILE) -> References:
+                     file: str = REFERENCES_FILE,
+                     pixels: Mapping[str, np.ndarray] | None = None) -> References:
     """Write the references file into `root` (a staging directory); its References."""
-    refs, data = pack(cases, source=source(), file=file)
+    refs, data = pack(cases, source=source(), file=file, pixels=pixels)
     (root / file).write_bytes(data)
     return refs

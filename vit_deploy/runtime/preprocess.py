@@ -116,6 +116,14 @@ class Preprocess:
         return self.array(load_image(image))
 
     def array(self, image: Image.Image) -> np.ndarray:
+        x = self.pixels(image).astype(np.float32) * np.float32(self.scale)  # (H, W, C)
+        x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
+        return np.ascontiguousarray(x.transpose(2, 0, 1))  # (C, H, W)
+
+    def pixels(self, image: ImageInput) -> np.ndarray:
+        """The image resized (and cropped) to the model's size: (H, W, C) uint8."""
+        if not isinstance(image, Image.Image):
+            image = load_image(image)
         (th, tw), (rh, rw) = _resize_plan(self, *image.size)  # refused here if too large
         if self.guard is not None:
             self.guard(th, tw)  # before anything is resized or allocated
@@ -123,10 +131,8 @@ class Preprocess:
         if (rh, rw) != (th, tw):  # resized to cover the target: centre crop (floor offsets)
             left, top = (rw - tw) // 2, (rh - th) // 2
             image = image.crop((left, top, left + tw, top + th))
-        x = np.asarray(image, dtype=np.float32) * np.float32(self.scale)  # (H, W, C)
-        x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
         require_patch_multiple(th, tw, self.patch_size)
-        return np.ascontiguousarray(x.transpose(2, 0, 1))  # (C, H, W)
+        return np.asarray(image, dtype=np.uint8)
 
     def batches(self, images: Sequence[ImageInput]) -> list[tuple[list[int], np.ndarray]]:
         """Group same-size results: [(indices into `images`, (b, C, H, W) array), ...]."""

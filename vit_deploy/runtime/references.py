@@ -11,13 +11,19 @@ manifest's `references` part says where each output lies in the file:
                 "outputs": {"logits": {"offset": 0, "shape": [2, 1000]}}}]}
 
 Offsets are in bytes from the start of the file; every output is little-endian float32 in
-C order. A case made by `vit-deploy target` has `"target": NAME`: it is at one of that
+C order. A case with `"pixels": {"offset", "mean", "std", "scale"}` is a real photograph
+(its seed is unused): its input is stored as uint8 pixels, (batch, channels, H, W) in C
+order at that offset, already resized and cropped by the bundle's preprocessing, and
+becomes the model input as preprocessing makes it, in float32: (pixels · scale − mean) / std
+per channel. So `check` judges what a device will see, not only noise. A case made by `vit-deploy target` has `"target": NAME`: it is at one of that
 target's bucket sizes, and `check` runs it through the target's bucket graphs (it is an
 ordinary case to a reader that ignores the key: the dynamic graph takes any size).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +61,10 @@ def mulberry32_uniform(seed: int, shape: tuple[int, ...] | list[int]) -> np.ndar
 GENERATORS = {GENERATOR: mulberry32_uniform}
 
 
+def _finite(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 @dataclass(frozen=True)
 class ReferenceOutput:
     offset: int  # bytes from the start of the file
@@ -66,12 +76,36 @@ class ReferenceOutput:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ReferencePixels:
+    """A real-photograph case's stored input: uint8 (B, C, H, W) at `offset`, and how it
+    becomes the model input."""
+
+    offset: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    scale: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"offset": self.offset, "mean": list(self.mean), "std": list(self.std),
+                "scale": self.scale}
+
+    def input(self, data: bytes, shape: tuple[int, ...]) -> np.ndarray:
+        """The model input: (pixels · scale − mean) / std in float32, as Preprocess does."""
+        n = int(np.prod(shape, dtype=np.int64))
+        pixels = np.frombuffer(data, dtype=np.uint8, count=n, offset=self.offset).reshape(shape)
+        x = pixels.astype(np.float32) * np.float32(self.scale)
+        mean = np.asarray(self.mean, np.float32)[:, None, None]
+        return ((x - mean) / np.asarray(self.std, np.float32)[:, None, None]).astype(np.float32)
+
+
+@dataclass(frozen=True, kw_only=True)
 class ReferenceCase:
     name: str
     seed: int
     shape: tuple[int, int, int, int]  # the input (batch, channels, height, width)
     outputs: Mapping[str, ReferenceOutput]
     target: str | None = None  # a bucket case of this edge target
+    pixels: ReferencePixels | None = None  # a real photograph's stored input
 
     @property
     def resolution(self) -> tuple[int, int]:
@@ -85,7 +119,8 @@ class ReferenceCase:
         return {"name": self.name, "seed": self.seed, "shape": list(self.shape),
                 "outputs": {n: {"offset": o.offset, "shape": list(o.shape)}
                             for n, o in self.outputs.items()},
-                **({"target": self.target} if self.target is not None else {})}
+                **({"target": self.target} if self.target is not None else {}),
+                **({"pixels": self.pixels.to_dict()} if self.pixels is not None else {})}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,7 +134,15 @@ class References:
 
     @property
     def nbytes(self) -> int:
+        """The outputs' bytes (what the bound is on; stored pixels have their own)."""
         return sum(o.nbytes for c in self.cases for o in c.outputs.values())
+
+    @property
+    def file_bytes(self) -> int:
+        """The references file's size: the outputs and the photographs' pixels (each
+        padded to 4 bytes)."""
+        pixels = [int(np.prod(c.shape)) for c in self.cases if c.pixels is not None]
+        return self.nbytes + sum(n + -n % 4 for n in pixels)
 
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.file, "generator": self.generator, "source": self.source,
@@ -112,10 +155,14 @@ class References:
 
 
 def pack(cases: list[tuple[ReferenceCase, Mapping[str, np.ndarray]]], *, source: str,
-         file: str = REFERENCES_FILE) -> tuple[References, bytes]:
+         file: str = REFERENCES_FILE,
+         pixels: Mapping[str, np.ndarray] | None = None) -> tuple[References, bytes]:
     """References and the bytes of their file from (case, outputs by name): offsets are
-    assigned here, in order (a case's own `outputs` offsets are ignored)."""
+    assigned here, in order (a case's own `outputs` offsets are ignored). `pixels`: the
+    uint8 inputs of the real-photograph cases, by case name, stored after its outputs
+    (padded to 4 bytes, so every float32 output stays aligned)."""
     blobs, placed, offset = [], [], 0
+    pixels = pixels or {}
     for case, outputs in cases:
         where = {}
         for name, array in outputs.items():
@@ -123,8 +170,17 @@ def pack(cases: list[tuple[ReferenceCase, Mapping[str, np.ndarray]]], *, source:
             where[name] = ReferenceOutput(offset, tuple(int(d) for d in data.shape))
             blobs.append(data.tobytes())
             offset += data.nbytes
+        stored = None
+        if case.pixels is not None:
+            raw = np.ascontiguousarray(pixels[case.name], dtype=np.uint8)
+            if raw.shape != tuple(case.shape):
+                raise ValueError(f"case {case.name!r}: pixels {raw.shape}, input {case.shape}")
+            stored = dataclasses.replace(case.pixels, offset=offset)
+            pad = -raw.nbytes % 4
+            blobs.append(raw.tobytes() + b"\0" * pad)
+            offset += raw.nbytes + pad
         placed.append(ReferenceCase(name=case.name, seed=case.seed, shape=case.shape,
-                                    outputs=where, target=case.target))
+                                    outputs=where, target=case.target, pixels=stored))
     refs = References(file=file, generator=GENERATOR, source=source, cases=tuple(placed))
     return refs, b"".join(blobs)
 
@@ -145,6 +201,14 @@ def read_outputs(path: str | Path, refs: References) -> list[dict[str, np.ndarra
     return out
 
 
+def read_pixels(path: str | Path, refs: References) -> dict[str, np.ndarray]:
+    """The stored uint8 inputs of the real-photograph cases, by case name."""
+    data = Path(path).read_bytes()
+    return {c.name: np.frombuffer(data, dtype=np.uint8, count=int(np.prod(c.shape)),
+                                  offset=c.pixels.offset).reshape(c.shape).copy()
+            for c in refs.cases if c.pixels is not None}
+
+
 def iter_references(path: str | Path, refs: References
                     ) -> Iterator[tuple[ReferenceCase, np.ndarray, dict[str, np.ndarray]]]:
     """(case, its input regenerated from the seed, its golden outputs by name)."""
@@ -152,8 +216,10 @@ def iter_references(path: str | Path, refs: References
         raise BundleError(f"references use generator {refs.generator!r}; this version knows "
                           f"{sorted(GENERATORS)}")
     make = GENERATORS[refs.generator]
+    data = Path(path).read_bytes()
     for case, outputs in zip(refs.cases, read_outputs(path, refs)):
-        yield case, make(case.seed, case.shape), outputs
+        yield case, (make(case.seed, case.shape) if case.pixels is None
+                     else case.pixels.input(data, case.shape)), outputs
 
 
 def parse_references(data: Any, files: Mapping[str, FileEntry], io: IOSpec, config: ViTConfig,
@@ -195,7 +261,20 @@ def parse_references(data: Any, files: Mapping[str, FileEntry], io: IOSpec, conf
                   f"{ca}.outputs[{name!r}]", f"batch {shape[0]} first, inside the "
                   f"{size}-byte {file}", o)
             outputs[name] = out
+        pixels = None
+        if c.get("pixels") is not None:
+            px = c["pixels"]
+            channels = shape[1]
+            _need(isinstance(px, dict) and _is_int(px.get("offset"))
+                  and px["offset"] + int(np.prod(shape)) <= size
+                  and all(isinstance(px.get(k), list) and len(px[k]) == channels
+                          and all(_finite(v) for v in px[k]) for k in ("mean", "std"))
+                  and all(v != 0 for v in px["std"]) and _finite(px.get("scale")), where,
+                  f"{ca}.pixels", f"{{offset: uint8 {shape} inside the {size}-byte {file}, "
+                  f"mean and std: {channels} numbers (std non-zero), scale}}", px)
+            pixels = ReferencePixels(offset=px["offset"], mean=tuple(map(float, px["mean"])),
+                                     std=tuple(map(float, px["std"])), scale=float(px["scale"]))
         cases.append(ReferenceCase(name=c["name"], seed=c["seed"], shape=tuple(shape),
-                                   outputs=outputs, target=c.get("target")))
+                                   outputs=outputs, target=c.get("target"), pixels=pixels))
     return References(file=file, generator=data["generator"], source=data["source"],
                       cases=tuple(cases))

@@ -7,9 +7,9 @@ import path from 'node:path';
 import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 
-import { BundleError, compare, COSINE_MIN, FP32_ABS_TOL, mergeReports, seededInput, toleranceClass,
-  ViT } from '../src/vit-deploy.mjs';
-import { DIR } from '../testing/fixtures.mjs';
+import { BundleError, compare, COSINE_MIN, FP32_ABS_TOL, mergeReports, pixelInput, seededInput,
+  toleranceClass, ViT } from '../src/vit-deploy.mjs';
+import { DIR, index } from '../testing/fixtures.mjs';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
 const TABLE = JSON.parse(fs.readFileSync(path.join(root, 'tests', 'data', 'mulberry32.json'), 'utf8'));
@@ -23,6 +23,19 @@ test('the seeded generator gives the shared table\'s float32 values, byte for by
   assert.ok(big.every((v) => v >= -2 && v < 2));
   assert.ok(Math.abs(big.reduce((a, b) => a + b, 0) / big.length) < 0.05); // uniform, centred
   assert.throws(() => seededInput(-1, [1]), /seed must be an integer from 0 to 2\^32-1, got -1/);
+});
+
+test('a real-photograph case\'s input is Python\'s, byte for byte', () => {
+  const refs = references('bundle');
+  const [photo] = refs.cases.filter((c) => c.pixels);
+  assert.ok(photo && photo.name === 'photos' && photo.seed === 0, JSON.stringify(refs.cases));
+  const bytes = new Uint8Array(fs.readFileSync(path.join(DIR, 'bundle', refs.file)));
+  const got = pixelInput(bytes, photo.pixels, photo.shape);
+  const want = fs.readFileSync(path.join(DIR, index.photo_input));
+  assert.equal(got.length, photo.shape.reduce((a, b) => a * b, 1));
+  assert.deepEqual(Buffer.from(got.buffer), want);
+  assert.throws(() => pixelInput(bytes.subarray(0, 8), photo.pixels, photo.shape),
+    /reference pixels end at byte \d+, the file has 8/);
 });
 
 test('check() passes every case and output of the references, fp32 and int8, with latency', async () => {

@@ -194,6 +194,10 @@ export declare const COSINE_MIN: Readonly<Record<'fp32' | 'fp16' | 'int8' | 'int
 export declare function toleranceClass(precision: string): 'fp32' | 'fp16' | 'int8' | 'int4';
 /** A reference case's input from its seed (generator "mulberry32-uniform-v1"). */
 export declare function seededInput(seed: number, shape: number[]): Float32Array;
+/** A real-photograph reference case's input from its stored uint8 pixels. */
+export declare function pixelInput(bytes: Uint8Array,
+  pixels: { offset: number; mean: number[]; std: number[]; scale: number },
+  shape: number[]): Float32Array;
 /** One output against its reference, by the tolerance policy (NaN / Inf: null, failed). */
 export declare function compare(got: ArrayLike<number>, reference: ArrayLike<number>,
   precision: Precision): Pick<CheckCase, 'max_abs' | 'abs_tol' | 'cosine' | 'cosine_min' | 'passed'>;
@@ -216,6 +220,9 @@ export interface References {
     shape: [number, number, number, number];
     /** Output name -> its float32 values' byte offset in the file and shape. */
     outputs: Record<string, { offset: number; shape: number[] }>;
+    /** A real photograph's case: its uint8 input [batch, 3, H, W] at `offset` (the seed is
+     * unused), made into the model input as (pixels · scale − mean) / std per channel. */
+    pixels: { offset: number; mean: number[]; std: number[]; scale: number } | null;
   }>;
 }
 

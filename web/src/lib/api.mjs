@@ -12,5 +12,5 @@ export { Preprocess, pyRound, toRGB } from './preprocess.mjs';
 export { resize } from './resample.mjs';
 export { requireFinite, softmax, topK } from './results.mjs';
 export {
-  compare, COSINE_MIN, FP32_ABS_TOL, mergeReports, seededInput, toleranceClass,
+  compare, COSINE_MIN, FP32_ABS_TOL, mergeReports, pixelInput, seededInput, toleranceClass,
 } from './check.mjs';

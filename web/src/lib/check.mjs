@@ -43,6 +43,33 @@ export function seededInput(seed, shape) {
   return out;
 }
 
+/**
+ * The input of a real-photograph reference case: uint8 pixels (batch, channels, H, W) stored
+ * at `pixels.offset` of the references file, made into the model input as preprocessing makes
+ * it, in float32 at every step: (pixels · scale − mean) / std per channel (bit-identical to
+ * Python's runtime/references.py and runtime/preprocess.py).
+ */
+export function pixelInput(bytes, pixels, shape) {
+  const [b, c, h, w] = shape;
+  const plane = h * w;
+  const n = b * c * plane;
+  if (pixels.offset + n > bytes.byteLength) {
+    throw new Error(`reference pixels end at byte ${pixels.offset + n}, the file has ${bytes.byteLength}`);
+  }
+  const scale = Math.fround(pixels.scale);
+  const out = new Float32Array(n);
+  for (let i = 0; i < n; i++) {
+    const ch = Math.floor(i / plane) % c;
+    const x = Math.fround(bytes[pixels.offset + i] * scale);
+    out[i] = Math.fround(x - Math.fround(pixels.mean[ch])) / Math.fround(pixels.std[ch]);
+  }
+  return out;
+}
+
+/** A reference case's input: its stored pixels, else regenerated from its seed. */
+export const caseInput = (c, bytes) => (c.pixels ? pixelInput(bytes, c.pixels, c.shape)
+  : seededInput(c.seed, c.shape));
+
 const finite = (v) => (Number.isFinite(v) ? v : null); // strict JSON: no NaN / Infinity
 
 /**
@@ -94,7 +121,7 @@ export async function checkReport(vit, references, bytes, { latencyRuns = 0, dev
   const { precision, info } = vit;
   const cases = [];
   for (const c of references.cases) {
-    const x = seededInput(c.seed, c.shape);
+    const x = caseInput(c, bytes);
     const names = Object.keys(c.outputs);
     const outputs = await vit.runAll(x, c.shape, names);
     for (const name of names) {
@@ -109,7 +136,7 @@ export async function checkReport(vit, references, bytes, { latencyRuns = 0, dev
   const latency = [];
   if (latencyRuns > 0 && references.cases.length) {
     const [first] = references.cases;
-    const x = seededInput(first.seed, first.shape);
+    const x = caseInput(first, bytes);
     const name = Object.keys(first.outputs)[0];
     await vit.runAll(x, first.shape, [name]); // warm-up: the first run at a size plans it
     const times = [];

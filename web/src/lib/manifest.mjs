@@ -179,7 +179,17 @@ function readReferences(m, io, P, files, where) {
       `{offset (bytes, a multiple of 4), shape [${s[0]}, ...]} inside the ${size}-byte ${r.file}`, o);
       outputs[name] = { offset: o.offset, shape: [...o.shape] };
     }
-    return { name: c.name, seed: c.seed, shape: [...s], outputs };
+    let pixels = null;
+    if (c.pixels !== undefined && c.pixels !== null) {
+      const px = c.pixels;
+      const nums = (v) => Array.isArray(v) && v.length === s[1] && v.every(Number.isFinite);
+      need(px !== null && typeof px === 'object' && isInt(px.offset) &&
+        px.offset + s[0] * s[1] * s[2] * s[3] <= size && nums(px.mean) && nums(px.std) &&
+        px.std.every((v) => v !== 0) && Number.isFinite(px.scale), here, 'pixels',
+      `{offset: uint8 [${s}] inside the ${size}-byte ${r.file}, mean and std: ${s[1]} numbers (std non-zero), scale}`, px);
+      pixels = { offset: px.offset, mean: [...px.mean], std: [...px.std], scale: px.scale };
+    }
+    return { name: c.name, seed: c.seed, shape: [...s], outputs, pixels };
   });
   return { file: r.file, generator: r.generator, source: r.source, size,
     sha256: files[r.file].sha256 ?? null, cases };
