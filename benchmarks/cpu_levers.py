@@ -129,6 +129,7 @@ def int8_with_attention(fp32: Path, dst: Path, *, apply_v: bool) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     import vit_deploy.quantize as q
+    from vit_deploy.fusions import fuse_gelu
 
     model = q._clean(onnx.load(str(fp32)))
     layers = q.quantisable_layers(model, head=True)
@@ -149,7 +150,7 @@ def int8_with_attention(fp32: Path, dst: Path, *, apply_v: bool) -> None:
                              nodes_to_quantize=list(layers.values()) + extra, per_channel=True,
                              reduce_range=False, weight_type=QuantType.QInt8,
                              extra_options={"MatMulConstBOnly": False})
-    q.fuse_gelu(dst)
+    fuse_gelu(dst)
 
 
 def cosines(reference: Path, candidate: Path, sizes: list[tuple[int, int]]) -> list[float]:

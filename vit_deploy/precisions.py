@@ -23,15 +23,14 @@ from vit_deploy.runtime.files import link_or_copy
 from vit_deploy.runtime.swap import staging_directory, writer_lock
 from vit_deploy.atomic import atomic_directory
 from vit_deploy.runtime.contract import ACCURACY_MAX_DROP, PRECISION_FILES, PRECISIONS, model_role, tolerance_class
-from vit_deploy.parity import ParityReport, compare, sample_inputs
-from vit_deploy.photo_eval import (EvalImages, PhotoCase, digits_images, judge_photos,
-                                   layer_costs, resolve)
+from vit_deploy.parity import ParityReport
+from vit_deploy.evaluate import PHOTO_BATCH, Evaluator, calibration_batches
+from vit_deploy.photo_eval import EvalImages, PhotoCase, layer_costs
 from vit_deploy.progress import Progress, silent
 from vit_deploy.quantize import QuantOptions, quantisable_layers, quantize_model
 from vit_deploy.runtime.manifest import Manifest, load_manifest
 from vit_deploy.runtime.manifest_parts import FileEntry
 from vit_deploy.runtime.providers import captured_stderr
-from vit_deploy.runtime.session import ViTSession
 from vit_deploy.runtime.sizes import format_resolution
 
 # The kernels ONNX Runtime's CPU provider must run, one per quantised layer (else some
@@ -41,7 +40,6 @@ EXPECTED_KERNELS = {"int8": ("DynamicQuantizeMatMul",), "int4": ("MatMulNBits",)
 EVAL_SETS = ("digits",)  # labelled held-out sets shipped with the package
 # The smoothing strengths `--smooth auto` tries (None: unsmoothed), on the calibration images
 SMOOTH_ALPHAS = (None, 0.5, 0.75)
-PHOTO_BATCH = 8  # real images per run (memory at large sizes)
 
 
 @dataclass
@@ -162,109 +160,6 @@ class PrecisionsReport:
             lines.append(f"[red]{', '.join(self.failed)} failed the tolerance policy"
                          f"{' (written anyway: --force)' if self.force else ' and were not written'}[/]")
         return Group(*lines)
-
-
-class Evaluator:
-    """Measures a candidate model against the bundle's fp32 model: on real images (the
-    verdict), on seeded noise (beside them), and on the digits where asked."""
-
-    def __init__(self, bundle: Path, manifest: Manifest, *, eval_set: str | None = None,
-                 images: EvalImages | None = None):
-        from vit_deploy.runtime.preprocess import Preprocess
-
-        self.manifest = manifest
-        cfg = manifest.config
-        self.reference = manifest.model_path(bundle, "fp32")
-        self.resolutions = judged_resolutions(manifest)
-        self.inputs = [sample_inputs(hw, 2, channels=cfg.in_chans, seed=11)
-                       for hw in self.resolutions]
-        if images is None:  # the digits model's own held-out data, else the photographs
-            images = digits_images() if eval_set == "digits" else resolve(None, None)[1]
-        self.images = images
-        views = self.images.views()
-        self.photo_inputs = []
-        for hw in self.resolutions:
-            pre = Preprocess.from_manifest(manifest, resolution=hw,
-                                           resize="shorter_side_center_crop")
-            self.photo_inputs.append(np.stack([pre.array(v) for v in views]))
-        self.digits = None
-        if eval_set == "digits":
-            from vit_deploy.data import load_digits_split, normalise
-
-            split = load_digits_split()
-            self.digits = (normalise(split["test_images"]), split["test_labels"])
-        self._calib_refs: dict[int, list[dict[str, np.ndarray]]] = {}
-        with ViTSession(self.reference) as s:  # one fp32 session for every reference
-            self.refs = [s.run_all(x) for x in self.inputs]  # every output is judged
-            self.photo_refs = [_run_batched(s, x) for x in self.photo_inputs]
-            if self.digits is not None:
-                self.fp32_pred = s.run(self.digits[0]).argmax(1)
-
-    def parity(self, path: Path, precision: str) -> ParityReport:
-        """On seeded noise: the figures beside the real ones."""
-        with ViTSession(path) as s:
-            return ParityReport(cases=compare(s.run_all, self.refs, self.inputs,
-                                              precision=precision, provider="cpu"))
-
-    def photos(self, path: Path, precision: str) -> list[PhotoCase]:
-        """On the real images, at every size the evaluator measures."""
-        with ViTSession(path) as s:
-            return [case for hw, x, ref in zip(self.resolutions, self.photo_inputs,
-                                               self.photo_refs)
-                    for case in judge_photos(ref, _run_batched(s, x), resolution=hw,
-                                             precision=precision)]
-
-    def calibration_score(self, path: Path, calibration: Sequence[np.ndarray]) -> float:
-        """The worst per-image cosine to fp32, over every output, on the calibration
-        images (what smoothing is chosen on: the judging images stay held out)."""
-        key = id(calibration)
-        if key not in self._calib_refs:
-            with ViTSession(self.reference) as s:
-                self._calib_refs[key] = [s.run_all(x) for x in calibration]
-        worst = 1.0
-        with ViTSession(path) as s:
-            for x, ref in zip(calibration, self._calib_refs[key]):
-                for case in judge_photos(ref, s.run_all(x), resolution=x.shape[2:],
-                                         precision="int8"):
-                    worst = min(worst, case.cosine_min)
-        return worst
-
-    def accuracy(self, path: Path) -> dict[str, float] | None:
-        if self.digits is None:
-            return None
-        x, y = self.digits
-        with ViTSession(path) as s:
-            pred = s.run(x).argmax(1)
-        fp32 = float((self.fp32_pred == y).mean() * 100)
-        acc = float((pred == y).mean() * 100)
-        return {"top1": round(acc, 2), "fp32_top1": round(fp32, 2), "drop": round(fp32 - acc, 2),
-                "agreement": round(float((pred == self.fp32_pred).mean() * 100), 2),
-                "images": int(len(y))}
-
-    def drop(self, path: Path, precision: str) -> float:
-        """The sensitivity metric: accuracy points lost (trained model) or 1 - the worst
-        per-image cosine on the real images."""
-        acc = self.accuracy(path)
-        if acc is not None:
-            return acc["drop"]
-        return 1.0 - min(c.cosine_min for c in self.photos(path, precision))
-
-
-def judged_resolutions(manifest: Manifest) -> list[tuple[int, int]]:
-    """The sizes a precision is calibrated and judged at: a static graph's own; for a
-    dynamic one the native size and one other (the deploy size, else 1.5 × native)."""
-    cfg = manifest.config
-    P, native, deploy = cfg.patch_size, cfg.img_size, manifest.deploy_resolution
-    if not manifest.io.dynamic:
-        return [deploy]
-    other = deploy if deploy != native else (P * round(native[0] * 1.5 / P),
-                                             P * round(native[1] * 1.5 / P))
-    return [native, other]
-
-
-def _run_batched(session: ViTSession, x: np.ndarray) -> dict[str, np.ndarray]:
-    parts = [session.run_all(x[i:i + PHOTO_BATCH]) for i in range(0, len(x), PHOTO_BATCH)]
-    return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
 
 def add_precisions(bundle: str | Path, precisions: Sequence[str], *,
@@ -478,35 +373,3 @@ def _rewrite(bundle: Path, manifest: Manifest, results: list[PrecisionResult],
                                                FileEntry.of(tmp / r.file, model_role(r.precision)),
                                                r.to_dict())
         manifest.save(tmp)
-
-
-def calibration_batches(manifest: Manifest, source: str | Path | Sequence[Path] | None, *,
-                        limit: int = 64, batch: int = 8) -> list[np.ndarray]:
-    """Calibration inputs, preprocessed as the manifest says, at every size the precision
-    is judged at (a dynamic graph runs at several: static int8's activation ranges taken
-    at the native size alone clipped the trained digits model at 48x48, cosine 0.967 vs
-    0.991): image files, a folder of images, 'digits' (the trained test model's training
-    split, shipped with the package), or None / 'photos' (the real photographs shipped
-    for calibration)."""
-    from vit_deploy.photo_eval import SHIPPED, EvalImages, image_files, shipped
-    from vit_deploy.runtime.preprocess import Preprocess
-
-    if str(source) == "digits":
-        from vit_deploy.data import load_digits_split
-
-        images: list[Any] = list(load_digits_split()["train_images"][:limit])
-    else:  # each image whole and two crops, as it is judged (static int8's activation
-        # ranges from 6 photographs framed once clipped the held-out ones: 0.988 vs 0.994)
-        if isinstance(source, (list, tuple)):
-            files = list(source)
-        elif source is None or str(source) == SHIPPED:
-            files = shipped("calib")
-        else:
-            files = image_files(source, "--calib")
-        images = EvalImages(tuple(files[:limit]), "").views()
-    batches = []
-    for hw in judged_resolutions(manifest):
-        pre = Preprocess.from_manifest(manifest, resolution=hw, resize="shorter_side_center_crop")
-        x = np.stack([pre(image) for image in images])
-        batches += [x[i:i + batch] for i in range(0, len(x), batch)]
-    return batches

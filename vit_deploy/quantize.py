@@ -171,6 +171,8 @@ def quantize_model(src: str | Path, dst: str | Path, *, precision: str,
                           kind="float16 weights and compute", io="float32",
                           kept_fp32_ops=list(options.fp16_keep_fp32))
         if precision in ("int8", "int8-static") and options.fuse_gelu:  # CPU precisions
+            from vit_deploy.fusions import fuse_gelu
+
             fused = fuse_gelu(out_tmp)
             recipe["gelu"] = f"{fused} GELU subgraphs fused into com.microsoft.Gelu (exact)"
         out = onnx.load(str(out_tmp))
@@ -377,28 +379,3 @@ def _drop_repeated_nodes(model: onnx.ModelProto) -> None:
     if len(keep) != len(model.graph.node):
         del model.graph.node[:]
         model.graph.node.extend(keep)
-
-
-def fuse_gelu(path: Path) -> int:
-    """Replace x * 0.5 * (1 + erf(x / sqrt 2)) (the dynamo exporter's GELU, any operand
-    order) by com.microsoft.Gelu(x) in the file at `path`; returns how many.
-
-    ORT's own offline fusion (onnxruntime.transformers FusionGelu), measured against the
-    hand-written matcher it replaced on the tiny model's int8 graph: both fuse 2 of 2,
-    the same op counts (124 -> 116 nodes), and bit-identical logits."""
-    from onnxruntime.transformers.fusion_gelu import FusionGelu
-    from onnxruntime.transformers.onnx_model import OnnxModel
-
-    model = OnnxModel(onnx.load(str(path)))
-    fusion = FusionGelu(model)
-    fusion.apply()  # also drops the initializers only the fused nodes read
-    fused = sum(n.op_type == "Gelu" for n in fusion.nodes_to_add)
-    if not fused:
-        return 0
-    model.remove_unused_constant()
-    if not any(o.domain == "com.microsoft" for o in model.model.opset_import):
-        model.model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
-    model.topological_sort()  # the fused nodes were appended at the end
-    onnx.save(model.model, str(path))
-    return fused
-

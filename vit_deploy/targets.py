@@ -221,7 +221,7 @@ def _quant_options(manifest: Manifest, precision: str, fp32: Path) -> QuantOptio
 def _calibration(manifest: Manifest, options: TargetOptions,
                  hw: tuple[int, int]) -> list[np.ndarray]:
     """Calibration batches at the bucket's size and fixed batch (a partial one dropped)."""
-    from vit_deploy.precisions import calibration_batches
+    from vit_deploy.evaluate import calibration_batches
 
     at = dataclasses.replace(manifest, preprocess=dataclasses.replace(manifest.preprocess,
                                                                         resolution=hw))

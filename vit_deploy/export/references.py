@@ -94,14 +94,14 @@ def photo_reference(forward: Forward, resolution: tuple[int, int], preprocess: P
     centre-cropped by the bundle's interpolation, stored as uint8, their input made as the
     bundle's preprocessing makes it. ([case], {name: pixels}, notes)."""
     from vit_deploy.data import data_path
-    from vit_deploy.runtime.preprocess import Preprocess
+    from vit_deploy.runtime.preprocess import Preprocess, load_image
 
     if channels != 3:
         return [], {}, [f"no real-photograph reference: the model takes {channels} channels"]
     pre = Preprocess(resolution=resolution, patch_size=patch_size, mean=preprocess.mean,
                      std=preprocess.std, resize="shorter_side_center_crop",
                      interpolation=preprocess.interpolation, scale=preprocess.scale)
-    pixels = np.stack([pre.pixels(data_path(f"photos/{name}")).transpose(2, 0, 1)
+    pixels = np.stack([pre.pixels(load_image(data_path(f"photos/{name}"))).transpose(2, 0, 1)
                        for name in REFERENCE_PHOTOS])
     stored = ReferencePixels(offset=0, mean=tuple(pre.mean), std=tuple(pre.std),
                              scale=float(pre.scale))

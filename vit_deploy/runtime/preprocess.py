@@ -120,10 +120,8 @@ class Preprocess:
         x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
         return np.ascontiguousarray(x.transpose(2, 0, 1))  # (C, H, W)
 
-    def pixels(self, image: ImageInput) -> np.ndarray:
-        """The image resized (and cropped) to the model's size: (H, W, C) uint8."""
-        if not isinstance(image, Image.Image):
-            image = load_image(image)
+    def pixels(self, image: Image.Image) -> np.ndarray:
+        """The (loaded) image resized and cropped to the model's size: (H, W, C) uint8."""
         (th, tw), (rh, rw) = _resize_plan(self, *image.size)  # refused here if too large
         if self.guard is not None:
             self.guard(th, tw)  # before anything is resized or allocated
