@@ -237,18 +237,25 @@ def test_quantize_cli_records_the_cpus_and_info_says_so(tiny_bundle, tmp_path, m
         done = quantize_model(src, dst, precision=precision, options=options,
                               calibration=calibration)
         weights = _int8_weights(Path(dst))
-        quantised.append((options.cpu, max(int(np.abs(w.astype(np.int32)).max()) for w in weights)))
+        quantised.append((options.cpu, max(int(np.abs(w.astype(np.int32)).max()) for w in weights),
+                          options.smooth, calibration is not None))
         return done
 
+    # the bucket graphs are smoothed as the bundle's int8 file was (its recipe's alpha, the
+    # statistics taken on calibration images at the bucket's size)
+    alpha = load_manifest(bundle).recipe("int8")["smoothing"]["alpha"]
     monkeypatch.setattr(targets, "quantize_model", spy)
     r = CliRunner().invoke(main, ["target", str(bundle), "--target", "cpu", "--buckets", "48x64",
                                   "--quiet"])
-    ((given, largest),) = quantised
+    ((given, largest, smooth, calibrated),) = quantised
     assert given == cpu_kind and (largest <= 64) == (cpu_kind == "any")
+    assert smooth == alpha and calibrated == (alpha is not None)
     if exact_here:
         assert r.exit_code == 0, r.output
     if r.exit_code == 0:
-        assert load_manifest(bundle).target("cpu").record["int8_cpu"] == {"int8": cpu_kind}
+        record = load_manifest(bundle).target("cpu").record
+        assert record["int8_cpu"] == {"int8": cpu_kind}
+        assert record.get("smoothing", {}) == ({} if alpha is None else {"int8": alpha})
     else:
         assert r.exit_code == 1 and cpu_kind == "vnni" and not exact_here, r.output
 

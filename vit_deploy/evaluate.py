@@ -123,13 +123,15 @@ def _run_batched(session: ViTSession, x: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def calibration_batches(manifest: Manifest, source: str | Path | Sequence[Path] | None, *,
-                        limit: int = 64, batch: int = 8) -> list[np.ndarray]:
+                        limit: int = 64, batch: int = 8,
+                        resolutions: Sequence[tuple[int, int]] | None = None
+                        ) -> list[np.ndarray]:
     """Calibration inputs, preprocessed as the manifest says, at every size the precision
     is judged at (a dynamic graph runs at several: static int8's activation ranges taken
     at the native size alone clipped the trained digits model at 48x48, cosine 0.967 vs
     0.991): image files, a folder of images, 'digits' (the trained test model's training
     split, shipped with the package), or None / 'photos' (the real photographs shipped
-    for calibration)."""
+    for calibration). `resolutions`: these sizes instead (a static graph's own)."""
     from vit_deploy.photo_eval import SHIPPED, EvalImages, image_files, shipped
     from vit_deploy.runtime.preprocess import Preprocess
 
@@ -147,7 +149,7 @@ def calibration_batches(manifest: Manifest, source: str | Path | Sequence[Path] 
             files = image_files(source, "--calib")
         images = EvalImages(tuple(files[:limit]), "").views()
     batches = []
-    for hw in judged_resolutions(manifest):
+    for hw in resolutions or judged_resolutions(manifest):
         pre = Preprocess.from_manifest(manifest, resolution=hw, resize="shorter_side_center_crop")
         x = np.stack([pre(image) for image in images])
         batches += [x[i:i + batch] for i in range(0, len(x), batch)]

@@ -21,7 +21,6 @@ kept); adding a target again replaces that target's files.
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,10 +137,12 @@ def _add_target(bundle: Path, options: TargetOptions, log: Progress) -> TargetRe
                 name = f"{stem}.{precision}.onnx"
                 if precision != "fp32":
                     log(f"{format_resolution(hw)}: {precision}")
-                    calib = (_calibration(manifest, options, hw) if precision == "int8-static"
-                             else None)
                     quant = _quant_options(manifest, precision, fp32)
+                    calib = (_calibration(manifest, options, hw) if precision == "int8-static"
+                             or quant.smooth is not None else None)
                     record.setdefault("int8_cpu", {})[precision] = quant.cpu
+                    if quant.smooth is not None:
+                        record.setdefault("smoothing", {})[precision] = quant.smooth
                     quantize_model(fp32, stage / name, precision=precision, options=quant,
                                    calibration=calib)
                 log(f"{format_resolution(hw)} {precision}: parity against PyTorch")
@@ -213,9 +214,12 @@ def _quant_options(manifest: Manifest, precision: str, fp32: Path) -> QuantOptio
     known = set(linear_layers(onnx.load(str(fp32), load_external_data=False)))
     kept = tuple(p for p in recipe.get("kept_float_layers", []) if p in known)
     method = recipe.get("calibration", "minmax")
+    alpha = (recipe.get("smoothing") or {}).get("alpha")  # the bundle's smoothing, if any
     return QuantOptions(exclude=tuple(p for p in kept if p != "head"), head="head" not in kept,
                         calibration=method if method in CALIBRATION_METHODS else "minmax",
-                        cpu=VNNI_CPU if recipe.get("cpu") == VNNI_CPU else ANY_CPU)
+                        cpu=VNNI_CPU if recipe.get("cpu") == VNNI_CPU else ANY_CPU,
+                        smooth=alpha if isinstance(alpha, (int, float)) and not isinstance(
+                            alpha, bool) and 0 <= alpha <= 1 else None)
 
 
 def _calibration(manifest: Manifest, options: TargetOptions,
@@ -223,10 +227,8 @@ def _calibration(manifest: Manifest, options: TargetOptions,
     """Calibration batches at the bucket's size and fixed batch (a partial one dropped)."""
     from vit_deploy.evaluate import calibration_batches
 
-    at = dataclasses.replace(manifest, preprocess=dataclasses.replace(manifest.preprocess,
-                                                                        resolution=hw))
-    batches = calibration_batches(at, options.calibration, limit=options.calibration_samples,
-                                  batch=options.batch)
+    batches = calibration_batches(manifest, options.calibration, resolutions=[hw],
+                                  limit=options.calibration_samples, batch=options.batch)
     full = [b for b in batches if len(b) == options.batch]
     if not full:
         raise ValueError(f"--calib gave {sum(len(b) for b in batches)} image(s), fewer than one "
