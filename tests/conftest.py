@@ -179,7 +179,8 @@ HEAVY_FILES = {
 # otherwise order files by their number of tests).
 LONGEST_FIRST = ["test_install.py",  # 74: the wheel in fresh venvs, every platform resolved
                  "test_readme.py",  # 49: the README's ViT-B/16 export
-                 "test_web.py", "test_server_hostile.py", "test_checkpoints.py",  # 42, 38, 26
+                 "test_web.py", "test_server_hostile.py", "test_photos.py",  # 42, 38, 35
+                 "test_checkpoints.py",  # 26
                  "test_tome.py", "test_sweep.py", "test_reliability.py",  # 25, 24, 23
                  "test_int8_cpu.py", "test_families.py", "test_recovery.py",  # 22, 18, 17
                  "test_ownership.py", "test_dense.py", "test_server_v2.py",  # 17, 16, 11

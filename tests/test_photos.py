@@ -95,6 +95,7 @@ def outlier_bundle(tmp_path_factory, make_tiny):
     return out
 
 
+@pytest.mark.heavy  # seconds of quantising (make test-fast leaves it out)
 def test_smoothing_keeps_the_float_function_and_rescues_int8(outlier_bundle, tmp_path):
     from vit_deploy.precisions import calibration_batches
 
@@ -143,6 +144,7 @@ def test_noise_hides_what_real_photographs_show(outlier_bundle, tmp_path):
     assert forced.worst_photo.cosine_min < 0.95
 
 
+@pytest.mark.heavy  # seconds of quantising (make test-fast leaves it out)
 def test_calibration_methods_write_different_files(outlier_bundle, tmp_path):
     from vit_deploy.precisions import calibration_batches
 
@@ -158,6 +160,7 @@ def test_calibration_methods_write_different_files(outlier_bundle, tmp_path):
     assert len(set(digests.values())) == 3, digests
 
 
+@pytest.mark.heavy  # seconds of quantising (make test-fast leaves it out)
 def test_quantize_prints_no_onnx_runtime_chatter(outlier_bundle, tmp_path):
     bundle = tmp_path / "b"
     shutil.copytree(outlier_bundle, bundle)
