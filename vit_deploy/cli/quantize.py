@@ -20,7 +20,8 @@ from vit_deploy.cli.options import PrecisionList, console, force_option, quant_o
 @quiet_option
 def quantize(bundle: Path, precisions: tuple[str, ...], force: bool, quiet: bool,
              **quant: Any) -> None:
-    """Add quantised / fp16 models to BUNDLE, each checked against its fp32 model.
+    """Add quantised / fp16 models to BUNDLE, each judged against its fp32 model on real
+    images (held-out photographs shipped with vit-deploy, or --eval DIR).
 
     Only the encoder's linear layers are quantised. A precision outside the tolerance
     policy (DESIGN.md) is not written unless --force, and the exit code is 1. Files in
