@@ -175,6 +175,20 @@ def test_quantize_prints_no_onnx_runtime_chatter(outlier_bundle, tmp_path):
                        for line in lines), lines
 
 
+def test_a_broken_eval_image_is_a_clear_error(outlier_bundle, tmp_path):
+    folder = tmp_path / "eval"
+    folder.mkdir()
+    (folder / "broken.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    bundle = tmp_path / "b"
+    shutil.copytree(outlier_bundle, bundle)
+    before = sorted(p.name for p in bundle.iterdir())
+    r = CliRunner().invoke(main, ["quantize", str(bundle), "--precision", "int8", "--eval",
+                                  str(folder)])
+    assert r.exit_code != 0 and "Traceback" not in r.output, r.output
+    assert "broken.jpg" in r.output, r.output
+    assert sorted(p.name for p in bundle.iterdir()) == before  # nothing written
+
+
 def test_bad_smooth_and_eval_options_are_usage_errors(outlier_bundle, tmp_path):
     for args, message in ((["--smooth", "1.5"], "--smooth must be auto, none or a number"),
                           (["--smooth", "lots"], "--smooth must be auto, none or a number"),

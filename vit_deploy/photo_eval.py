@@ -42,12 +42,13 @@ class EvalImages:
         thirds): three framings of one photograph, as a user's images vary."""
         from PIL import Image
 
+        from vit_deploy.runtime.preprocess import load_image
+
         if self.pixels is not None:
             return [Image.fromarray(p) for p in self.pixels]
         out = []
         for path in self.paths:
-            with Image.open(path) as im:
-                image = im.convert("RGB")
+            image = load_image(path)  # hostile files refused with a clear ImageError
             w, h = image.size
             out.append(image)
             out += [image.crop((round(a * w), round(b * h), round(c * w), round(d * h)))
