@@ -1,5 +1,6 @@
 """ORT's own tools on an edge target's graphs (DESIGN.md: they judge mobile readiness, not
-our opinion): the ORT-format converter and the mobile usability checker."""
+our opinion): the ORT-format converter and the mobile usability checker; and a probe
+session that reads a graph's intermediate tensors."""
 
 from __future__ import annotations
 
@@ -93,3 +94,21 @@ def mobile_check(path: Path) -> dict[str, dict[str, Any]]:
                        "dynamic_shape_nodes": info.nodes_unsupported_due_to_dynamic_input,
                        "verdict": info.suitability().name}
     return out
+
+
+def tensor_probe(model: onnx.ModelProto, names: list[str]) -> Any:
+    """A function x -> {name: value} of the graph's tensors `names` (its own outputs are
+    replaced by them) on the CPU provider, for input batches x of the model's one input.
+    `model` is not changed."""
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    del probe.graph.output[:]
+    probe.graph.output.extend([onnx.ValueInfoProto(name=n) for n in names])
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    session = ort.InferenceSession(probe.SerializeToString(), so,
+                                   providers=["CPUExecutionProvider"])
+    feed = session.get_inputs()[0].name
+    return lambda x: dict(zip(names, session.run(names, {feed: x})))

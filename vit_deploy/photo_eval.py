@@ -8,7 +8,7 @@ vit_deploy/data/photos (held out from the default calibration set). Torch-free.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from vit_deploy.runtime.contract import COSINE_MIN, INPUT_NAME, LOGITS_NAME, tolerance_class
+from vit_deploy.ort_tools import tensor_probe
+from vit_deploy.runtime.contract import COSINE_MIN, LOGITS_NAME, tolerance_class
 from vit_deploy.runtime.sizes import format_resolution
 
 SHIPPED = "photos"  # the name that selects the shipped photographs
@@ -213,7 +214,7 @@ def layer_costs(reference: Path, candidate: Path, x: np.ndarray,
     if not outputs:
         return []
     names = list(dict.fromkeys(outputs.values()))
-    a, b = _intermediates(ref_model, names, x), _intermediates(cand_model, names, x)
+    a, b = tensor_probe(ref_model, names)(x), tensor_probe(cand_model, names)(x)
     costs, before = [], 0.0
     for path, t in outputs.items():
         r = a[t].astype(np.float64)
@@ -222,16 +223,3 @@ def layer_costs(reference: Path, candidate: Path, x: np.ndarray,
                       "output_error": round(error, 6)})
         before = error
     return sorted(costs, key=lambda c: -c["added_error"])[:top]
-
-
-def _intermediates(model: onnx.ModelProto, names: Sequence[str],
-                   x: np.ndarray) -> dict[str, np.ndarray]:
-    import onnxruntime as ort
-
-    del model.graph.output[:]
-    model.graph.output.extend([onnx.ValueInfoProto(name=n) for n in names])
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), so,
-                                   providers=["CPUExecutionProvider"])
-    return dict(zip(names, session.run(list(names), {INPUT_NAME: x})))

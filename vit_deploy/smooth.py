@@ -25,7 +25,6 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from vit_deploy.runtime.contract import INPUT_NAME
 
 
 @dataclass(frozen=True)
@@ -66,20 +65,13 @@ def smoothable(model: onnx.ModelProto, linears: Sequence[str]) -> list[SmoothPai
 def channel_absmax(model: onnx.ModelProto, pairs: Sequence[SmoothPair],
                    batches: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
     """max |x| per channel (last axis) of each pair's LayerNorm output over `batches`."""
-    import onnxruntime as ort
+    from vit_deploy.ort_tools import tensor_probe
 
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
     names = [p.activation for p in pairs]
-    del probe.graph.output[:]
-    probe.graph.output.extend([onnx.ValueInfoProto(name=n) for n in names])
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    session = ort.InferenceSession(probe.SerializeToString(), so,
-                                   providers=["CPUExecutionProvider"])
+    probe = tensor_probe(model, names)
     absmax: dict[str, np.ndarray] = {}
     for x in batches:
-        for name, value in zip(names, session.run(names, {INPUT_NAME: x})):
+        for name, value in probe(x).items():
             m = np.abs(value).reshape(-1, value.shape[-1]).max(axis=0)
             absmax[name] = np.maximum(absmax[name], m) if name in absmax else m
     return absmax
