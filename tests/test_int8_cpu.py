@@ -260,6 +260,36 @@ def test_quantize_cli_records_the_cpus_and_info_says_so(tiny_bundle, tmp_path, m
         assert r.exit_code == 1 and cpu_kind == "vnni" and not exact_here, r.output
 
 
+RECIPES = json.loads((Path(__file__).parent / "data" / "int8-recipes.json").read_text())["cases"]
+
+
+@pytest.mark.parametrize("case", RECIPES, ids=[c["name"] for c in RECIPES])
+def test_the_typed_int8_recipe_reads_every_manifest_as_javascript_does(case):
+    """One table (tests/data/int8-recipes.json), run here and by web/test/int8cpu.test.mjs:
+    the two runtimes read the same fields with the same rules; what is read writes back the
+    same, and the options a bucket graph gets follow it."""
+    from vit_deploy.runtime.recipe import Int8Recipe
+
+    recipe = Int8Recipe.read(case["recipe"])
+    expect = case["expect"]
+    if expect is None:
+        assert recipe is None
+        return
+    got = {f: getattr(recipe, f) for f in ("kind", "cpu", "calibration", "percentile",
+                                           "smoothing", "needs", "new_graph_cpu")}
+    got |= {"quantised_layers": list(recipe.quantised_layers),
+            "kept_float_layers": list(recipe.kept_float_layers)}
+    assert got == expect
+    assert Int8Recipe.read(recipe.record()) == recipe  # written and read in one place
+    options = QuantOptions.following(recipe, ["blocks.0.attn.qkv", "blocks.0.mlp.fc1", "head"])
+    assert options.cpu == expect["new_graph_cpu"]
+    assert options.smooth == expect["smoothing"]
+    assert options.calibration == (expect["calibration"] or "minmax")
+    assert options.head == ("head" not in expect["kept_float_layers"])
+    written = options.int8_recipe("int8-static" if recipe.static else "int8", [], [])
+    assert (written.cpu, written.smoothing) == (options.cpu, options.smooth)
+
+
 @pytest.mark.parametrize("claim", [None, "avx9", ["vnni"], {"cpu": "vnni"}, 8])
 def test_a_target_of_a_bundle_whose_recipe_does_not_say_vnni_gets_portable_weights(
         tiny_bundle, tmp_path, monkeypatch, claim):

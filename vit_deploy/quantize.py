@@ -25,8 +25,8 @@ from vit_deploy.runtime.files import write_bytes_atomic
 from vit_deploy.runtime.errors import FAILED, VitDeployError
 from vit_deploy.runtime.contract import INPUT_NAME, IR_VERSION, METADATA_LINEARS_KEY, PRECISIONS
 from vit_deploy.runtime.cpu import ANY_CPU, INT8_CPUS, REQUIREMENT_TEXT
+from vit_deploy.runtime.recipe import CALIBRATION_METHODS, INT8_KINDS, Int8Recipe
 
-CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 # Entropy calibration's histogram: 512 bins searched for the 128-bin quantisation with the
 # least KL divergence (ORT's search runs in Python: 2048 bins took 60 s on a 2-block test
 # model, 512 take 3 s)
@@ -81,6 +81,31 @@ class QuantOptions:
         if self.block_size < 16 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two >= 16, got {self.block_size}")
 
+    @classmethod
+    def following(cls, recipe: Int8Recipe | None, layers: Iterable[str]) -> QuantOptions:
+        """Options that quantise another graph of the same model as `recipe` did (its
+        float-kept layers among `layers`, calibration, smoothing); portable weights unless
+        the recipe says 'vnni' (`Int8Recipe.new_graph_cpu`). No recipe: the defaults."""
+        if recipe is None:
+            return cls()
+        known = set(layers)
+        kept = [p for p in recipe.kept_float_layers if p in known]
+        return cls(exclude=tuple(p for p in kept if p != "head"), head="head" not in kept,
+                   calibration=recipe.calibration or "minmax", cpu=recipe.new_graph_cpu,
+                   smooth=recipe.smoothing,
+                   **({"percentile": recipe.percentile} if recipe.percentile else {}))
+
+    def int8_recipe(self, precision: str, quantised: Iterable[str],
+                    kept: Iterable[str]) -> Int8Recipe:
+        """The typed recipe of an int8 / int8-static file these options write."""
+        static = precision == "int8-static"
+        return Int8Recipe(kind=INT8_KINDS[static], cpu=self.cpu,
+                          calibration=self.calibration if static else None,
+                          percentile=self.percentile if static and
+                          self.calibration == "percentile" else None,
+                          smoothing=self.smooth, quantised_layers=tuple(quantised),
+                          kept_float_layers=tuple(kept))
+
 
 @dataclass
 class QuantResult:
@@ -131,7 +156,11 @@ def quantize_model(src: str | Path, dst: str | Path, *, precision: str,
     kept = [p for p in linear_layers(model) if p not in chosen]
     recipe: dict[str, Any] = {"precision": precision, "quantised_layers": list(chosen),
                               "kept_float_layers": kept}
-    if options.smooth is not None and precision in ("int8", "int8-static"):
+    int8 = (options.int8_recipe(precision, chosen, kept)
+            if precision in ("int8", "int8-static") else None)
+    if int8 is not None:
+        recipe.update(int8.record())
+    if int8 is not None and int8.smoothing is not None:
         if not calibration:
             raise ValueError("smoothing needs calibration images (its per-channel "
                              "statistics): --calib, or the shipped photographs")
@@ -139,28 +168,24 @@ def quantize_model(src: str | Path, dst: str | Path, *, precision: str,
 
         with _quiet_quantizer():
             model, smoothed = smooth_model(model, list(chosen.values()), calibration,
-                                           options.smooth)
-        recipe["smoothing"] = {"alpha": options.smooth, "layernorms": smoothed,
-                               "method": "SmoothQuant scale migration, LayerNorm -> qkv / "
-                                         "fc1, folded into the graph"}
+                                           int8.smoothing)
+        recipe["smoothing"].update(layernorms=smoothed, method="SmoothQuant scale migration, "
+                                   "LayerNorm -> qkv / fc1, folded into the graph")
     with tempfile.TemporaryDirectory() as tmp:
         src_tmp, out_tmp = Path(tmp) / "in.onnx", Path(tmp) / "out.onnx"
         onnx.save(model, str(src_tmp))
         if precision == "int8":
             _int8_dynamic(src_tmp, out_tmp, list(chosen.values()), options)
-            recipe.update(kind="dynamic", weights=_weights_text(options),
-                          activations="uint8, quantised at run time", **_cpu_record(options))
+            recipe.update(weights=_weights_text(options),
+                          activations="uint8, quantised at run time",
+                          cpu_needs=REQUIREMENT_TEXT[options.cpu])
         elif precision == "int8-static":
             if not calibration:
                 raise ValueError("int8-static needs calibration images (--calib)")
             _int8_static(src_tmp, out_tmp, list(chosen.values()), options, calibration)
-            recipe.update(kind="static QDQ", weights=_weights_text(options), activations="int8",
-                          **_cpu_record(options),
-                          quantised_outputs=False,
-                          calibration=options.calibration, calibration_images=int(
-                              sum(len(c) for c in calibration)))
-            if options.calibration == "percentile":
-                recipe["percentile"] = options.percentile
+            recipe.update(weights=_weights_text(options), activations="int8",
+                          cpu_needs=REQUIREMENT_TEXT[options.cpu], quantised_outputs=False,
+                          calibration_images=int(sum(len(c) for c in calibration)))
         elif precision == "int4":
             _int4(model, out_tmp, list(chosen.values()), options)
             recipe.update(kind="weight-only MatMulNBits", weights=f"int4 symmetric, block "
@@ -193,12 +218,6 @@ def quantize_model(src: str | Path, dst: str | Path, *, precision: str,
 def _weights_text(options: QuantOptions) -> str:
     return (f"int8 per-{'channel' if options.per_channel else 'tensor'}, "
             f"{7 if options.reduce_range else 8}-bit range")
-
-
-def _cpu_record(options: QuantOptions) -> dict[str, Any]:
-    """What the manifest records of an int8 file's CPU needs (`Manifest.int8_cpu`)."""
-    return {"reduce_range": options.reduce_range, "cpu": options.cpu,
-            "cpu_needs": REQUIREMENT_TEXT[options.cpu]}
 
 
 def _clean(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -33,12 +33,11 @@ from vit_deploy.runtime.files import link_or_copy
 from vit_deploy.runtime.swap import staging_directory, writer_lock
 from vit_deploy.atomic import atomic_directory
 from vit_deploy.runtime.contract import BUCKET_POLICIES, TARGETS, TARGETS_DIR
-from vit_deploy.runtime.cpu import ANY_CPU, VNNI_CPU
 from vit_deploy.ort_tools import ORT_FORMAT_LEVEL, _to_ort, mobile_check
 from vit_deploy.outputs import OutputSelection
 from vit_deploy.parity import ParityReport, batch_independence, compare, sample_inputs
 from vit_deploy.progress import Progress, silent
-from vit_deploy.quantize import CALIBRATION_METHODS, QuantOptions, linear_layers, quantize_model
+from vit_deploy.quantize import QuantOptions, linear_layers, quantize_model
 from vit_deploy.runtime.manifest import Manifest, load_manifest
 from vit_deploy.runtime.manifest_parts import BucketGraph, FileEntry, TargetSpec
 from vit_deploy.runtime.ort_session import RuntimeOptions
@@ -205,21 +204,10 @@ def _reference_module(model: Any, outputs: tuple[str, ...], manifest: Manifest) 
 
 
 def _quant_options(manifest: Manifest, precision: str, fp32: Path) -> QuantOptions:
-    """The bundle's own recipe for `precision` (its float-kept layers, its calibration
-    method), so a bucket graph is quantised as the dynamic one was; 8-bit weights only where
-    the recipe says `vnni` in so many words. Anything else (`any`, an old file that does not
-    say, a value we do not know, a precision the bundle lacks such as npu's int8-static)
-    gets the portable 7-bit weights: a new graph is never less portable than stated."""
-    recipe = manifest.recipe(precision)
-    known = set(linear_layers(onnx.load(str(fp32), load_external_data=False)))
-    kept = tuple(p for p in recipe.get("kept_float_layers", []) if p in known)
-    method = recipe.get("calibration", "minmax")
-    alpha = (recipe.get("smoothing") or {}).get("alpha")  # the bundle's smoothing, if any
-    return QuantOptions(exclude=tuple(p for p in kept if p != "head"), head="head" not in kept,
-                        calibration=method if method in CALIBRATION_METHODS else "minmax",
-                        cpu=VNNI_CPU if recipe.get("cpu") == VNNI_CPU else ANY_CPU,
-                        smooth=alpha if isinstance(alpha, (int, float)) and not isinstance(
-                            alpha, bool) and 0 <= alpha <= 1 else None)
+    """The bundle's own recipe for `precision`, so a bucket graph is quantised as the
+    dynamic one was (`QuantOptions.following`: never less portable than stated)."""
+    layers = linear_layers(onnx.load(str(fp32), load_external_data=False))
+    return QuantOptions.following(manifest.int8_recipe(precision), layers)
 
 
 def _calibration(manifest: Manifest, options: TargetOptions,

@@ -23,7 +23,7 @@ from typing import Any
 from vit_deploy.runtime.config import ViTConfig
 from vit_deploy.runtime.contract import (BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, MANIFEST_NAME,
                                          WEIGHTS_ROLE)
-from vit_deploy.runtime.cpu import ANY_CPU, INT8_CPUS, VNNI_CPU
+from vit_deploy.runtime.recipe import Int8Recipe
 from vit_deploy.runtime.files import sha256_file, write_bytes_atomic
 from vit_deploy.runtime.manifest_parts import (BundleError, FileEntry, IOSpec, PreprocessSpec,
                                                TargetSpec, _files, _io, _is_int, _need, _plain,
@@ -116,17 +116,15 @@ class Manifest:
         """Whether the precision quantises activations per batch (dynamic int8)."""
         return self.recipe(precision).get("kind") == "dynamic"
 
+    def int8_recipe(self, precision: str) -> Int8Recipe | None:
+        """The typed int8 recipe of `precision` (runtime/recipe.py); None if not int8."""
+        return Int8Recipe.read(self.recipe(precision))
+
     def int8_cpu(self, precision: str) -> str | None:
         """The CPUs the precision's int8 file is exact on (runtime/cpu.py): 'any', 'vnni',
-        or None for a precision that is not int8. Files written before the recipe said so
-        have 8-bit weights unless they record reduce_range."""
-        recipe = self.recipe(precision)
-        if recipe.get("kind") not in ("dynamic", "static QDQ"):
-            return None
-        cpu = recipe.get("cpu")
-        if cpu in INT8_CPUS:
-            return cpu
-        return ANY_CPU if cpu is None and recipe.get("reduce_range") is True else VNNI_CPU
+        or None for a precision that is not int8 (`Int8Recipe.needs`)."""
+        recipe = self.int8_recipe(precision)
+        return recipe.needs if recipe else None
 
     def owned_files(self) -> list[str]:
         """Every file the bundle wrote: the listed ones and the manifest itself."""

@@ -6,7 +6,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { test } from 'node:test';
 
-import { exactInt8, int8Cpu, int8Warning, readManifest, ViT } from '../src/vit-deploy.mjs';
+import { exactInt8, int8Cpu, int8Recipe, int8Warning, readManifest, ViT } from '../src/vit-deploy.mjs';
 import { DIR } from '../testing/fixtures.mjs';
 
 // /proc/cpuinfo flags (abridged), as in tests/test_int8_cpu.py
@@ -45,6 +45,24 @@ test('the recipe the manifest records, old files included', () => {
   assert.equal(int8Cpu(m({ kind: 'weight-only MatMulNBits' }), 'int8'), null);
   assert.equal(int8Cpu({}, 'fp32'), null);
 });
+
+// One table for both runtimes: Python's Int8Recipe.read runs it in tests/test_int8_cpu.py
+const RECIPES = JSON.parse(fs.readFileSync(
+  path.join(import.meta.dirname, '..', '..', 'tests', 'data', 'int8-recipes.json'), 'utf8'));
+
+for (const { name, recipe, expect } of RECIPES.cases) {
+  test(`the typed int8 recipe, as Python reads it: ${name}`, () => {
+    const got = int8Recipe({ precisions: { p: { recipe } } }, 'p');
+    const want = expect && {
+      kind: expect.kind, cpu: expect.cpu, calibration: expect.calibration,
+      percentile: expect.percentile, smoothing: expect.smoothing,
+      quantisedLayers: expect.quantised_layers, keptFloatLayers: expect.kept_float_layers,
+      needs: expect.needs, newGraphCpu: expect.new_graph_cpu,
+    };
+    assert.deepEqual(got, want);
+    assert.equal(int8Cpu({ precisions: { p: { recipe } } }, 'p'), expect?.needs ?? null);
+  });
+}
 
 test('ViT.load reports the warning where the CPU lacks what the file needs', async () => {
   const bundle = fs.mkdtempSync(path.join(os.tmpdir(), 'vit-deploy-int8cpu-'));

@@ -158,6 +158,24 @@ export declare function readManifest(json: unknown, where?: string): Manifest;
 /** Throws an Error unless mean, std (and scale) are usable normalisation values. */
 export declare function checkNormalization(mean: unknown, std: unknown,
   options?: { channels?: number | null; scale?: unknown; what?: string }): void;
+/** A precision's int8 recipe, typed as Python's Int8Recipe (vit_deploy/runtime/recipe.py). */
+export interface Int8Recipe {
+  kind: 'dynamic' | 'static QDQ';
+  /** As stated; null where the manifest does not say or says something unknown. */
+  cpu: Int8Cpu | null;
+  calibration: 'minmax' | 'entropy' | 'percentile' | null;
+  percentile: number | null;
+  /** The SmoothQuant alpha folded into the graph; null: none. */
+  smoothing: number | null;
+  quantisedLayers: string[];
+  keptFloatLayers: string[];
+  /** The CPUs the file is exact on (an unstated CPU reads as 8-bit weights). */
+  needs: Int8Cpu;
+  /** The CPUs a graph quantised after this recipe must be exact on. */
+  newGraphCpu: Int8Cpu;
+}
+/** The typed int8 recipe of a precision, or null when it is not int8 (raw manifest). */
+export declare function int8Recipe(manifest: unknown, precision: string): Int8Recipe | null;
 /** The CPUs a precision's int8 file is exact on, or null when it is not int8 (raw manifest). */
 export declare function int8Cpu(manifest: unknown, precision: string): Int8Cpu | null;
 /** Whether an x86 CPU with these /proc/cpuinfo flags runs 8-bit int8 weights exactly;

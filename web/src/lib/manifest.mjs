@@ -196,13 +196,42 @@ function readReferences(m, io, P, files, where) {
 }
 
 // -- int8 and the CPU: runtime/cpu.py in JavaScript ---------------------------------------
+const INT8_KINDS = ['dynamic', 'static QDQ'];
+const CALIBRATION_METHODS = ['minmax', 'entropy', 'percentile'];
+const names = (x) => (Array.isArray(x) ? x.filter((s) => typeof s === 'string') : []);
+
+/**
+ * The typed int8 recipe of a precision, or null when it is not int8: the fields and rules of
+ * Python's Int8Recipe.read (vit_deploy/runtime/recipe.py; both tested on one table,
+ * tests/data/int8-recipes.json). An unknown value reads as not stated (null); `needs` (the
+ * CPUs the file is exact on) then assumes 8-bit weights, `newGraphCpu` portable ones.
+ */
+export function int8Recipe(m, precision) {
+  const r = m.precisions?.[precision]?.recipe;
+  if (r === null || typeof r !== 'object' || Array.isArray(r) || !INT8_KINDS.includes(r.kind)) {
+    return null;
+  }
+  let cpu = INT8_CPUS.includes(r.cpu) ? r.cpu : null;
+  if (r.cpu == null && r.reduce_range === true) cpu = 'any'; // older files said only that
+  const alpha = r.smoothing !== null && typeof r.smoothing === 'object' ? r.smoothing.alpha : null;
+  const pct = r.percentile;
+  return {
+    kind: r.kind,
+    cpu,
+    calibration: CALIBRATION_METHODS.includes(r.calibration) ? r.calibration : null,
+    percentile: isReal(pct) && pct > 0 && pct <= 100 ? pct : null,
+    smoothing: isReal(alpha) && alpha >= 0 && alpha <= 1 ? alpha : null,
+    quantisedLayers: names(r.quantised_layers),
+    keptFloatLayers: names(r.kept_float_layers),
+    needs: cpu ?? 'vnni',
+    newGraphCpu: cpu === 'vnni' ? 'vnni' : 'any',
+  };
+}
+
 /** The CPUs a precision's int8 file is exact on ('any', 'vnni'), or null when it is not
  * int8: as Python's Manifest.int8_cpu. */
 export function int8Cpu(m, precision) {
-  const recipe = m.precisions?.[precision]?.recipe;
-  if (!recipe || !['dynamic', 'static QDQ'].includes(recipe.kind)) return null;
-  if (INT8_CPUS.includes(recipe.cpu)) return recipe.cpu;
-  return recipe.cpu == null && recipe.reduce_range === true ? 'any' : 'vnni';
+  return int8Recipe(m, precision)?.needs ?? null;
 }
 
 /** Whether an x86 CPU with these /proc/cpuinfo flags runs 8-bit int8 weights exactly. */
