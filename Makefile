@@ -32,12 +32,14 @@ $(WEB_STAMP): web/package.json web/package-lock.json
 	mkdir -p node_modules && ln -sfn ../web node_modules/vit-deploy
 	touch $(WEB_STAMP)
 
-# Debian's packages the tests run: chromium (the browser test) and qemu-user (int8 on an
-# emulated x86 CPU with AVX2 only, whatever CPU runs the tests). Installed where apt-get is
+# Debian's packages the tests run: chromium (the browser test), qemu-user (int8 on an
+# emulated x86 CPU with AVX2 only, whatever CPU runs the tests) and strace (no connect()
+# from any entry point: tests/test_telemetry.py). Installed where apt-get is
 # usable as root; elsewhere the tests that need them fail, never skip.
 $(SYSTEM_STAMP): Makefile | $(STAMP)
 	@missing=""; command -v chromium >/dev/null || missing="chromium"; \
 	command -v qemu-x86_64 >/dev/null || missing="$$missing qemu-user"; \
+	command -v strace >/dev/null || missing="$$missing strace"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \

@@ -167,7 +167,7 @@ HEAVY_FILES = {
     "test_web_package.py", "test_dense.py", "test_onnx.py", "test_checkpoints.py",
     "test_families.py", "test_hub.py", "test_targets.py", "test_benchmarks.py", "test_sweep.py",
     "test_ownership.py", "test_tome.py", "test_flexivit.py", "test_tensorrt.py", "test_fuzz.py",
-    "test_server_hostile.py", "test_server.py", "test_server_v2.py", "test_triton.py",
+    "test_server_hostile.py", "test_server.py", "test_telemetry.py", "test_server_v2.py", "test_triton.py",
     "test_digits.py", "test_install.py", "test_recovery.py", "test_bench.py",
     "test_references.py", "test_arm64.py",
 }

@@ -106,11 +106,20 @@ export async function decode(src) {
   }
 }
 
+/** Nothing sent: ONNX Runtime's native library collects telemetry (an event store under
+ * ~/.cache/Microsoft/DeveloperTools/, uploaded when a network is there) unless
+ * ORT_DISABLE_TELEMETRY is set when it loads; set here, before onnxruntime-node is imported,
+ * as Python does in vit_deploy/__init__.py. Opt in with VIT_DEPLOY_ORT_TELEMETRY=1. */
+export function quietOrt(env) {
+  if (env.VIT_DEPLOY_ORT_TELEMETRY !== '1') env.ORT_DISABLE_TELEMETRY = '1';
+}
+
 /** onnxruntime-node, whose one backend is the CPU (`ortBase` is the browser's). */
 export async function loadOrt(backend) {
   if (backend !== 'auto' && backend !== 'cpu') {
     throw new Error(`in Node the backend is onnxruntime-node's cpu; got ${show(backend)}`);
   }
+  quietOrt(process.env);
   try {
     return { ort: await import('onnxruntime-node'), backend: 'cpu' };
   } catch (e) {
