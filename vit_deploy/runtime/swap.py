@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -68,7 +69,7 @@ def writer_lock(dst: str | os.PathLike) -> Iterator[Path]:
     lock = dst.parent / f".{dst.name}.lock"
     dst.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock(lock)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -83,8 +84,13 @@ def writer_lock(dst: str | os.PathLike) -> Iterator[Path]:
         if same:
             break
         os.close(fd)  # the previous holder removed the file as we opened it: take a new one
+    held = os.pread(fd, 200, 0)
+    if held and not held.startswith(LOCK_TEXT):  # a file of someone else's at our lock's name
+        os.close(fd)
+        raise OutputExistsError(f"{str(lock)!r} is not a lock file vit-deploy wrote (it holds "
+                                f"{held[:40]!r}); move it away to write {str(dst)!r}")
     os.ftruncate(fd, 0)
-    os.pwrite(fd, f"vit-deploy (pid {os.getpid()})".encode(), 0)
+    os.pwrite(fd, LOCK_TEXT + f" (pid {os.getpid()})".encode(), 0)
     _held[dst] = 1
     try:
         recover(dst)  # any writer before us is gone: its leftovers are ours to settle
@@ -94,6 +100,41 @@ def writer_lock(dst: str | os.PathLike) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(lock)
         os.close(fd)
+
+
+LOCK_TEXT = b"vit-deploy"
+
+
+def _open_lock(lock: Path) -> int:
+    """Open (or create) the lock file: only a regular file of one link, never through a
+    symlink, a FIFO or a device (whose target a writer would truncate, or that blocks)."""
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise OutputExistsError(f"{str(lock)!r} should be vit-deploy's lock file but is "
+                                    f"{_kind(lock)}; move it away") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        raise OutputExistsError(f"{str(lock)!r} should be vit-deploy's lock file but is "
+                                f"{_kind(lock)}; move it away")
+    return fd
+
+
+def _kind(path: Path) -> str:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return "gone"
+    if stat.S_ISLNK(st.st_mode):
+        return "a symlink"
+    if stat.S_ISREG(st.st_mode):
+        return f"a file with {st.st_nlink} hard links"
+    return {stat.S_IFIFO: "a FIFO", stat.S_IFDIR: "a directory", stat.S_IFSOCK: "a socket",
+            stat.S_IFCHR: "a device", stat.S_IFBLK: "a device"}.get(stat.S_IFMT(st.st_mode),
+                                                                   "not a regular file")
 
 
 @contextlib.contextmanager
@@ -162,13 +203,18 @@ def recover(dst: Path) -> None:
     if jpath.exists():
         try:
             record = json.loads(jpath.read_text())
-            staged = dst.parent / record["staged"]
-            old = dst.parent / record["old"] if record.get("old") else None
+            staged = _own(dst, record["staged"], _STAGED)
+            old = _own(dst, record["old"], _OLD) if record.get("old") is not None else None
             digest = record["manifest_sha256"]
             old_owned = set(record["old_owned"]) if "old_owned" in record else None
-        except (OSError, ValueError, KeyError, TypeError):
-            raise OutputExistsError(f"{str(jpath)!r} is not a journal vit-deploy can read; "
-                                    f"look at it and remove it") from None
+            if not isinstance(digest, str) or not all(isinstance(n, str)
+                                                      for n in old_owned or ()):
+                raise TypeError(digest)
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+            raise OutputExistsError(f"{str(jpath)!r} is not a journal vit-deploy wrote for "
+                                    f"{str(dst)!r} (a journal names only this bundle's own "
+                                    f"staging); nothing was changed: look at it and remove "
+                                    f"it") from None
         swapped = ((dst / MANIFEST_NAME).is_file() and digest
                    and sha256_file(dst / MANIFEST_NAME) == digest)
         if old is None:  # exchange: `staged` holds the old version if the swap happened
@@ -193,6 +239,24 @@ def recover(dst: Path) -> None:
             shutil.rmtree(leftover, ignore_errors=True)
         else:
             leftover.unlink(missing_ok=True)
+
+
+# The names a journal may give: the staged version (`make_staging`) and the old one moved
+# aside (`swap`). Anything else (a sibling, a path, `..`) is not ours to move or remove.
+_STAGED = r"\.{name}\.tmp-[a-z0-9_]{{8}}"
+_OLD = r"\.{name}\.old-[0-9]{{1,10}}"
+
+
+def _own(dst: Path, name: object, pattern: str) -> Path:
+    """The entry beside `dst` that a journal names, if the name is one our writer makes for
+    `dst` and the entry is not a symlink (which a rename or rmtree would follow or move)."""
+    if not isinstance(name, str) or not re.fullmatch(pattern.format(name=re.escape(dst.name)),
+                                                     name):
+        raise ValueError(name)
+    path = dst.parent / name
+    if path.is_symlink():
+        raise ValueError(name)
+    return path
 
 
 # What a writer of NAME makes beside it: `.NAME.tmp-XXXXXXXX` (staging, by mkdtemp: 8 of
