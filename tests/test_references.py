@@ -335,3 +335,51 @@ def test_gpu_check_proves_with_the_references_without_torch(quantised_bundle, tm
     bench = json.loads((out / "bench.json").read_text())
     _assert_schema(bench, "bench")
     assert [(t["provider"], t["resolution"]) for t in bench["latency"]] == [("cpu", [24, 40])]
+
+
+def _edited(bundle: Path, to: Path, change) -> Path:
+    shutil.copytree(bundle, to)
+    m = json.loads((to / "manifest.json").read_text())
+    change(m)
+    (to / "manifest.json").write_text(json.dumps(m))
+    return to
+
+
+def _retarget(m, name):
+    m["references"]["cases"][0]["target"] = name
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda m: [c.update(target="phone") for c in m["references"]["cases"]],
+     "name target(s) ['phone'] that it does not have"),
+    (lambda m: _retarget(m, "npu"), "name target(s) ['npu'] that it does not have"),
+    (lambda m: m["references"].update(cases=[]), "golden references with no cases"),
+    (lambda m: m["references"]["cases"][0].update(shape=[2, 3, 4096, 4096]), "attention needs about"),
+    (lambda m: m["references"]["cases"][0].update(shape=[2, 3, 2048, 4096]), "attention needs about"),
+], ids=["every case a missing target", "one case a missing target", "no cases",
+        "4096x4096 declared", "2048x4096 declared"])
+def test_check_on_references_that_compare_nothing_or_too_much_fails_clearly(
+        quantised_bundle, tmp_path, change, message):
+    """A check that compared nothing has not passed; a declared reference size is guarded
+    before its input is built (seconds, not a 3 GB allocation)."""
+    bundle = _edited(quantised_bundle, tmp_path / "b", change)
+    r = CliRunner().invoke(main, ["check", str(bundle), "--reference", "bundle", "--quiet"])
+    assert r.exit_code != 0, r.output
+    assert message in " ".join(r.output.split()), r.output
+    assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("shape", [[2, 2**62], [2, 2**40, 2**40], [2, 10**30]])
+def test_an_output_shape_that_overflows_is_a_manifest_error(quantised_bundle, shape):
+    m = json.loads((quantised_bundle / "manifest.json").read_text())
+    m["references"]["cases"][0]["outputs"]["logits"]["shape"] = shape
+    with pytest.raises(BundleError, match="inside the"):
+        Manifest.from_dict(m)
+
+
+def test_a_check_on_a_provider_that_never_runs_here_has_not_passed(quantised_bundle):
+    """CoreML exists on no Linux machine: nothing is compared, so nothing passed."""
+    r = CliRunner().invoke(main, ["check", str(quantised_bundle), "--reference", "bundle",
+                                  "--providers", "coreml", "--precision", "fp32"])
+    assert r.exit_code == 1, r.output
+    assert "no case was compared" in " ".join(r.output.split()) and "FAIL" in r.output

@@ -52,7 +52,16 @@ class CheckReport:
     reference: str = PYTORCH_REFERENCE
 
     def __bool__(self) -> bool:
-        return bool(self.parity) and not (self.require and self.unavailable)
+        """Passed: every case and check held, at least one case was compared (a check that
+        compared nothing has not passed), no required provider missing."""
+        return (bool(self.parity) and bool(self.parity.cases)
+                and not (self.require and self.unavailable))
+
+    @property
+    def nothing_compared(self) -> str | None:
+        return None if self.parity.cases else (
+            "no case was compared (no provider ran, or no reference matched what was "
+            "asked): not a pass")
 
     def to_dict(self) -> dict[str, Any]:
         """The shared report schema (report_schema.py, kind "check") with this report's
@@ -72,7 +81,10 @@ class CheckReport:
         for provider, why in self.unavailable.items():
             lines.append(f"{provider}: not available here"
                          f"{' (required)' if self.require else ''}: {why}")
-        failures = len(self.parity.failures) + (len(self.unavailable) if self.require else 0)
+        if self.nothing_compared:
+            lines.append(f"[red]{self.nothing_compared}[/]")
+        failures = (len(self.parity.failures) + (len(self.unavailable) if self.require else 0)
+                    + bool(self.nothing_compared))
         lines.append(f"check: {'PASS' if self else f'[red]FAIL ({failures} failing)[/]'}")
         return Group(*lines)
 
@@ -94,6 +106,8 @@ class CheckReport:
         for provider, why in self.unavailable.items():
             lines.append(f"\n- {provider}: not available here"
                          f"{' (required: FAIL)' if self.require else ''}: {why}")
+        if self.nothing_compared:
+            lines.append(f"\n- {self.nothing_compared}")
         return "\n".join(lines) + "\n"
 
 
@@ -189,15 +203,26 @@ def _check_golden(bundle: Path, manifest: Manifest, options: CheckOptions,
     refs = manifest.references
     if refs is None:
         raise BundleError(f"bundle {str(bundle)!r} has no golden references")
-    progress(f"reading the golden references ({len(refs.cases)} cases)")
-    stored = [(c, x, outs) for c, x, outs in iter_references(manifest.resolve(bundle, refs.file),
-                                                            refs)
-              if not options.resolutions or c.resolution in options.resolutions]
-    if not stored:
+    if not refs.cases:
+        raise BundleError(f"bundle {str(bundle)!r} lists golden references with no cases: "
+                          f"there is nothing to compare against")
+    unknown = sorted({c.target for c in refs.cases if c.target is not None
+                      and c.target not in manifest.targets})
+    if unknown:
+        raise BundleError(f"bundle {str(bundle)!r}: golden reference cases name target(s) "
+                          f"{unknown} that it does not have (targets: "
+                          f"{sorted(manifest.targets) or 'none'})")
+    kept = [c for c in refs.cases if not options.resolutions or c.resolution in options.resolutions]
+    if not kept:
         raise ValueError(f"the bundle stores references at "
                          f"{sorted({format_resolution(c.resolution) for c in refs.cases})}, "
                          f"none at the sizes asked for "
                          f"{[format_resolution(hw) for hw in options.resolutions]}")
+    for c in kept:  # before any input is built: a declared size is a claim, not a plan
+        guard_memory(*c.resolution, manifest.config, batch=c.shape[0])
+    progress(f"reading the golden references ({len(refs.cases)} cases)")
+    stored = [(c, x, outs) for c, x, outs in iter_references(manifest.resolve(bundle, refs.file),
+                                                            refs) if c in kept]
     report = CheckReport(str(bundle), ParityReport(), require=options.require,
                          reference=golden_reference_text(manifest))
     own = [(c, x, outs) for c, x, outs in stored if c.target is None]

@@ -72,7 +72,7 @@ class ReferenceOutput:
 
     @property
     def nbytes(self) -> int:
-        return 4 * int(np.prod(self.shape, dtype=np.int64))
+        return 4 * math.prod(self.shape)  # exact: a shape edited by hand may overflow int64
 
 
 @dataclass(frozen=True, kw_only=True)
