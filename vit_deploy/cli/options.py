@@ -10,10 +10,9 @@ from typing import Any
 
 import click
 
-from vit_deploy.runtime.contract import PRECISIONS
+from vit_deploy.runtime.contract import MAX_THREADS, PRECISIONS
 from vit_deploy.runtime.sizes import parse_resolution
 
-MAX_THREADS = 256  # more intra-op threads than this is a typo, not a machine
 MAX_BATCH = 4096
 MAX_SEED = 2**32 - 1
 MAX_PATCH = 1024  # pixels per patch side

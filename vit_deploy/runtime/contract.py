@@ -77,3 +77,9 @@ def tolerance_class(precision: str) -> str:
 ACCURACY_MAX_DROP = {"int8": 1.0, "int4": 1.0}
 # Batch independence: rows of untouched images may move only by float noise.
 INDEPENDENCE_ABS_TOL = 1e-5
+
+# More intra-op threads than this is a typo, not a machine (each thread is a stack and a
+# spinning core: 10**6 of them run for minutes at gigabytes). The one bound: the CLI's
+# --threads, RuntimeOptions and the JavaScript runtime's MAX_THREADS (web/src/lib/common.mjs,
+# tests/test_hostile_table.py).
+MAX_THREADS = 256

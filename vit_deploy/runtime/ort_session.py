@@ -4,6 +4,7 @@ fallback), and the config the exporter stored in the model file against the mani
 
 from __future__ import annotations
 
+import numbers
 import sys
 import warnings
 from dataclasses import dataclass
@@ -15,9 +16,11 @@ from vit_deploy.runtime.config import ViTConfig
 from vit_deploy.runtime.contract import METADATA_CONFIG_KEY
 from vit_deploy.runtime.graph_cache import OptimizedGraphCache
 from vit_deploy.runtime.manifest import Manifest
+from vit_deploy.runtime.contract import MAX_THREADS
 from vit_deploy.runtime.manifest_parts import BundleError
 from vit_deploy.runtime.providers import (CPU, Provider, ProviderError, available,
                                           captured_stderr, failure_reason, short_name)
+
 
 OPTIMIZATION_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -49,8 +52,13 @@ class RuntimeOptions:
         if self.optimization not in OPTIMIZATION_LEVELS:
             raise ValueError(f"optimization must be one of {list(OPTIMIZATION_LEVELS)}, got "
                              f"{self.optimization!r}")
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        t = self.threads
+        if t is not None and not (isinstance(t, numbers.Integral) and not isinstance(t, bool)
+                                  and 1 <= t <= MAX_THREADS):
+            raise ValueError(f"threads must be an integer from 1 to {MAX_THREADS} (or None: "
+                             f"ONNX Runtime's default), got {t!r}"[:200])
+        if t is not None:
+            object.__setattr__(self, "threads", int(t))  # a numpy integer as ORT takes it
 
 
 def _check_manifest_against_model(manifest: Manifest, stored: ViTConfig | None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 import warnings
 from collections.abc import Sequence
@@ -186,8 +187,9 @@ class ViTSession:
         """Classify images (paths, bytes, PIL images, HWC uint8 arrays) with the manifest's
         preprocessing; same-size images run as one batch. With bucket graphs (and no
         `preprocess` given) each image goes to its bucket (runtime/buckets.py)."""
-        if top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        if not (isinstance(top_k, numbers.Integral) and not isinstance(top_k, bool)
+                and top_k >= 1):
+            raise ValueError(f"top_k must be an integer >= 1, got {top_k!r}"[:200])
         images = _as_list(images)
         pre = self._guarded(preprocess or self.preprocess())
         results: list[Prediction | None] = [None] * len(images)

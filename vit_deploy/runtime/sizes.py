@@ -12,6 +12,9 @@ if TYPE_CHECKING:
     from vit_deploy.runtime.config import ViTConfig
 
 MAX_SIDE = 16384  # pixels per side of any resolution we accept (flags, manifests, images)
+# The share of the available memory one block's attention may take (guard_memory); the
+# JavaScript runtime's MEMORY_FRACTION (web/src/lib/common.mjs, tests/test_hostile_table.py).
+MEMORY_FRACTION = 0.8
 _RES_RE = re.compile(r"^\s*(\d{1,9})\s*(?:[xX×]\s*(\d{1,9})\s*)?$")
 
 
@@ -92,7 +95,7 @@ def available_memory() -> int | None:
 
 
 def guard_memory(height: int, width: int, cfg: ViTConfig, *, batch: int = 1,
-                 fraction: float = 0.8) -> int:
+                 fraction: float = MEMORY_FRACTION) -> int:
     """Refuse (MemoryEstimateError) a size whose estimate exceeds `fraction` of the
     available memory; returns the estimate in bytes."""
     need = attention_bytes(height, width, cfg, batch=batch)

@@ -136,8 +136,19 @@ export declare function orient<P extends Pixels>(image: P, orientation: number):
 
 // -- the manifest ------------------------------------------------------------------------------
 /** The parts of a bundle's manifest.json the runtime reads, checked (readManifest). */
+/** The model a manifest's config describes, as far as the runtime uses it: checked against
+ * the model file's own metadata (patch size, input channels) and read by the
+ * attention-memory guard (heads, width, prefix tokens: class, distillation, registers). */
+export interface ModelConfig {
+  patchSize: number;
+  inChans: number;
+  heads: number;
+  width: number;
+  prefixTokens: number;
+}
 export interface Manifest {
   name: string;
+  config: ModelConfig;
   patchSize: number;
   dynamic: boolean;
   /** The model input's name. */
@@ -308,7 +319,8 @@ export type Provider = 'cpu' | 'wasm' | 'webgpu';
 export interface LoadOptions {
   /** Default 'fp32'. */
   precision?: Precision;
-  /** Default: ONNX Runtime's, or what `vit-deploy web --threads` wrote. */
+  /** An integer from 1 to 256 (Python's MAX_THREADS; anything else is an Error). Default:
+   * ONNX Runtime's, or what `vit-deploy web --threads` wrote (checked the same way). */
   threads?: number;
   /** Browser: 'auto' (WebGPU when offered, else WebAssembly), 'webgpu', 'wasm'; Node: 'cpu'. */
   backend?: 'auto' | 'webgpu' | 'wasm' | 'cpu';
@@ -317,6 +329,10 @@ export interface LoadOptions {
   ortBase?: string | URL;
   /** External-data files beside the model; default: what `vit-deploy web` recorded. */
   externalData?: string[];
+  /** Run sizes whose attention-memory estimate exceeds 80% of the available memory (Python's
+   * RuntimeOptions.allow_large); default false: such a size is an Error before anything is
+   * allocated for it. */
+  allowLarge?: boolean;
 }
 
 export interface Info {
@@ -375,6 +391,8 @@ export interface ViTMethods<Image> {
   /** The bundle's URL (a directory, with a trailing slash). */
   readonly url: string;
   readonly preprocess: Preprocess;
+  /** LoadOptions.allowLarge: the attention-memory guard is off. */
+  readonly allowLarge: boolean;
   readonly labels: string[] | null;
   /** The model's output names, in order. */
   readonly outputNames: string[];
@@ -384,7 +402,8 @@ export interface ViTMethods<Image> {
   runAll(data: Float32Array, dims: number[], only?: string[] | null): Promise<Record<string, Output>>;
   /** The model input for an image (the manifest's preprocessing, with overrides). */
   pixels(image: Image, overrides?: PreprocessOverrides): Promise<Tensor4>;
-  /** Classify one image; needs the bundle's `logits` output. */
+  /** Classify one image; needs the bundle's `logits` output. topK: an integer >= 1 (default 5;
+   * more than the classes gives them all); anything else is an Error. */
   classify(image: Image, options?: { topK?: number } & PreprocessOverrides): Promise<Classification>;
   /** Dense features of one image: a grid output (patch_tokens or layer_N), resized with the
    * rule patch_multiple. */
@@ -392,7 +411,8 @@ export interface ViTMethods<Image> {
   /** The bundle's golden references against this runtime (the precision and provider
    * loaded), by the tolerance policy; a BundleError for a bundle without references. */
   check(options?: CheckOptions): Promise<CheckReport>;
-  /** Free the ONNX Runtime session. */
+  /** Free the ONNX Runtime session; every run method after it is an Error ("this ViT was
+   * released"). */
   release(): Promise<void>;
 }
 

@@ -23,6 +23,15 @@ export const MAX_SCALE = 1e3;
 // cpu 'vnni'), ARM64 does not
 export const X86_INT8_EXACT = ['avx512_vnni', 'avx_vnni', 'amx_int8'];
 export const INT8_CPUS = ['any', 'vnni'];
+// The runtime's bounds on what a caller or a bundle asks for (tests/test_hostile_table.py ties
+// each to Python's; not exported by the entries): intra-op threads (runtime/ort_session.py's
+// MAX_THREADS, the CLI's --threads), and the share of the available memory one encoder
+// block's attention may take (runtime/sizes.py's MEMORY_FRACTION, guard_memory).
+export const MAX_THREADS = 256;
+export const MEMORY_FRACTION = 0.8;
+// The key under which the exporter stores the model's config in every ONNX file's metadata
+// (runtime/contract.py's METADATA_CONFIG_KEY): what a manifest's claims are checked against.
+export const METADATA_CONFIG_KEY = 'vit_deploy.config';
 
 /** Outputs laid out on the patch grid, [batch, width, gh, gw]: patch_tokens and layer_N
  * (vit_deploy/outputs.py's is_grid_output). */
@@ -43,7 +52,58 @@ export class OutputError extends Error {
   constructor(message) { super(message); this.name = 'OutputError'; }
 }
 
-/** A value as an error message quotes it: JSON, at most 60 characters. */
-export const show = (v) => { const s = JSON.stringify(v); return s === undefined ? String(v) : s.slice(0, 60); };
+/** A value as an error message quotes it: JSON, at most 60 characters (NaN and ±Infinity,
+ * which JSON writes as null, by name). */
+export const show = (v) => {
+  if (typeof v === 'number' && !Number.isFinite(v)) return String(v);
+  const s = JSON.stringify(v);
+  return s === undefined ? String(v) : s.slice(0, 60);
+};
 export const isInt = (v, low = 0) => Number.isInteger(v) && v >= low;
 export const isReal = (v) => typeof v === 'number' && Number.isFinite(v);
+
+/** `threads` unless it is not an integer from 1 to MAX_THREADS (a bool, a fraction, NaN, a
+ * string, 0, 100000): then an Error saying so, as Python's RuntimeOptions. null: unset. */
+export function checkThreads(threads, where = '') {
+  if (threads === null || isInt(threads, 1) && threads <= MAX_THREADS) return threads;
+  throw new Error(`${where}threads must be an integer from 1 to ${MAX_THREADS} (or unset: ` +
+    `ONNX Runtime's default), got ${show(threads)}`);
+}
+
+/** `k` unless it is not an integer >= 1 (as Python's predict top_k): then an Error. */
+export function checkTopK(k) {
+  if (isInt(k, 1)) return k;
+  throw new Error(`topK must be an integer >= 1, got ${show(k)}`);
+}
+
+/**
+ * Peak working memory of one encoder block, in bytes (Python's sizes.attention_bytes): the
+ * attention scores and their softmax (2 x heads x T^2) plus the block's activations
+ * (about 8 x T x D), float32, per image. T counts every token attention sees: the patches and
+ * all prefix tokens (class, distillation, registers). `config`: the manifest's
+ * { patchSize, heads, width, prefixTokens }.
+ */
+export function attentionBytes(height, width, config, batch = 1) {
+  return batch * 4 * (2 * config.heads * tokensOf(height, width, config) ** 2 +
+    8 * tokensOf(height, width, config) * config.width);
+}
+
+const tokensOf = (height, width, { patchSize: P, prefixTokens }) =>
+  Math.floor(height / P) * Math.floor(width / P) + prefixTokens;
+
+/**
+ * An Error (Python's guard_memory message) when the attention estimate for a batch of
+ * height x width inputs exceeds `fraction` of `available` bytes (null: unknown, no limit);
+ * else the estimate in bytes.
+ */
+export function guardMemory(height, width, config, { batch = 1, available = null,
+  fraction = MEMORY_FRACTION } = {}) {
+  const need = attentionBytes(height, width, config, batch);
+  if (available !== null && need > fraction * available) {
+    const gib = (n) => (n / 2 ** 30).toFixed(1);
+    throw new Error(`${height}x${width} (batch ${batch}) means ${tokensOf(height, width, config)} ` +
+      `tokens: attention needs about ${gib(need)} GiB, and ${gib(available)} GiB are available; ` +
+      'use a smaller size (or allowLarge: true to try anyway)');
+  }
+  return need;
+}

@@ -78,9 +78,12 @@ export function readManifest(m, where = 'manifest') {
   need(m.format === BUNDLE_FORMAT && isInt(m.format_version, 1) &&
     m.format_version <= BUNDLE_FORMAT_VERSION, where, 'format',
     `${show(BUNDLE_FORMAT)} up to v${BUNDLE_FORMAT_VERSION}`, `${m.format} v${m.format_version}`);
+  const config = readConfig(m.config, where);
   const io = m.io ?? {};
   const P = io.patch_size;
   need(isInt(P, 1), where, 'io.patch_size', 'a positive integer', P);
+  // the model is what the config describes (Python's manifest_parts._io)
+  need(P === config.patchSize, where, 'io.patch_size', `the config's patch size ${config.patchSize}`, P);
   need(Array.isArray(io.inputs) && io.inputs.length > 0 && typeof io.inputs[0]?.name === 'string',
     where, 'io.inputs', 'a non-empty list of {name, shape, dtype}', io.inputs);
   need(Array.isArray(io.outputs) && io.outputs.length > 0 &&
@@ -124,7 +127,8 @@ export function readManifest(m, where = 'manifest') {
     m.labels.every((x) => typeof x === 'string')), where, 'labels',
   `null or ${classes} strings (one per output of the model)`, m.labels);
   return {
-    name: m.config?.name ?? 'ViT',
+    name: m.config.name || 'ViT',
+    config,
     references: readReferences(m, io, P, files, where),
     patchSize: P,
     dynamic: io.dynamic !== false,
@@ -138,6 +142,38 @@ export function readManifest(m, where = 'manifest') {
       resize, interpolation, scale, cropPct,
     },
   };
+}
+
+/**
+ * The model the manifest's config describes, as far as this runtime uses it: the patch size
+ * and input channels (checked against the model file's own metadata by ViT.load) and what
+ * the attention-memory estimate needs (heads, width, prefix tokens). Checked as
+ * Python's ViTConfig (runtime/config.py): the same defaults for absent fields, the same
+ * rules for the ones read.
+ */
+function readConfig(c, where) {
+  need(c !== null && typeof c === 'object' && !Array.isArray(c), where, 'config', 'an object', c);
+  const int = (v) => isInt(v) && v < 2 ** 31;
+  const field = (key, fallback, ok, expected) => {
+    const v = Object.hasOwn(c, key) ? c[key] : fallback;
+    need(ok(v), where, `config.${key}`, expected, v);
+    return v;
+  };
+  const patchSize = field('patch_size', 16, (v) => int(v) && v >= 1, 'an integer >= 1');
+  const heads = field('heads', 12, (v) => int(v) && v >= 1, 'an integer >= 1');
+  const width = field('width', 768, (v) => int(v) && v >= 1 && v % heads === 0,
+    `an integer >= 1 divisible by heads ${heads}`);
+  const bool = (v) => typeof v === 'boolean';
+  const classToken = field('class_token', true, bool, 'true or false');
+  const distToken = field('dist_token', false, bool, 'true or false');
+  const registers = field('num_registers', 0, int, 'an integer >= 0');
+  field('img_size', [224, 224], (v) => Array.isArray(v) && v.length === 2 &&
+    v.every((s) => int(s) && s >= 1 && s % patchSize === 0), `[height, width], positive ` +
+    `multiples of patch_size ${patchSize}`);
+  const inChans = field('in_chans', 3, (v) => int(v) && v >= 1, 'an integer >= 1');
+  field('name', '', (v) => typeof v === 'string', 'a string');
+  return { patchSize, inChans, heads, width,
+    prefixTokens: Number(classToken) + Number(distToken) + registers };
 }
 
 // -- golden references ----------------------------------------------------------------------

@@ -105,6 +105,28 @@ export async function sessionInputs({ ort, backend, threads, modelURL, external,
   return { model, options, downloaded: model.byteLength };
 }
 
+const WASM32_MEMORY = 2 ** 32; // all the memory a (32-bit) WebAssembly instance can address
+
+/**
+ * The memory the attention-memory guard may count on (vit.mjs), in bytes; null where the
+ * browser does not say. A page cannot read what the OS has available: on WebAssembly the
+ * bound is the 4 GiB a 32-bit instance addresses (less where the device says it has less),
+ * on WebGPU the device memory the browser reports (navigator.deviceMemory, Chromium's).
+ */
+export async function availableMemory({ provider }) {
+  const bounds = [];
+  if (provider === 'wasm') bounds.push(WASM32_MEMORY);
+  const gib = globalThis.navigator?.deviceMemory;
+  if (typeof gib === 'number' && gib > 0) bounds.push(gib * 2 ** 30);
+  return bounds.length ? Math.min(...bounds) : null;
+}
+
+/** Positional reads of the model's bytes (given to InferenceSession.create): { size, read }
+ * for vit.mjs's metadata check. */
+export async function modelReader(model) {
+  return { size: model.byteLength, read: async (at, n) => model.subarray(at, at + n) };
+}
+
 /** Threads as info reports them: WebAssembly's, and why fewer than asked for. */
 export function threadInfo({ ort, provider, threads }) {
   const active = provider === 'wasm' ? ort.env.wasm.numThreads : null;

@@ -1,7 +1,7 @@
 // Node: what only Node does, behind the interface both platform modules share (see vit.mjs's
 // ViT.load). Files on disk (file: URLs and paths, symlinks resolved), PNG and JPEG decoding
 // with pngjs and jpeg-js, onnxruntime-node's CPU provider, /proc/cpuinfo for int8.
-import { readFile, realpath } from 'node:fs/promises';
+import { open, readFile, realpath } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
@@ -145,6 +145,35 @@ export async function sessionInputs({ threads, modelURL, external, base }) {
     }));
   }
   return { model, options, downloaded };
+}
+
+/** Bytes the OS says are available, as Python's sizes.available_memory: Linux's MemAvailable,
+ * else what Node says is free (the attention-memory guard's limit; vit.mjs). */
+export async function availableMemory() {
+  try {
+    const m = /^MemAvailable:\s+(\d+)\s+kB/m.exec(await readFile('/proc/meminfo', 'utf8'));
+    if (m) return Number(m[1]) * 1024;
+  } catch { /* not Linux: below */ }
+  return os.freemem();
+}
+
+/** Positional reads of the model given to InferenceSession.create (its path, or its bytes):
+ * { size, read(offset, length), close } for vit.mjs's metadata check, never the whole file. */
+export async function modelReader(model) {
+  if (typeof model !== 'string') {
+    return { size: model.byteLength, read: async (at, n) => model.subarray(at, at + n) };
+  }
+  const handle = await open(model, 'r');
+  const { size } = await handle.stat();
+  return {
+    size,
+    read: async (at, n) => {
+      const buffer = new Uint8Array(n);
+      const { bytesRead } = await handle.read(buffer, 0, n, at);
+      return buffer.subarray(0, bytesRead);
+    },
+    close: () => handle.close(),
+  };
 }
 
 /** Threads as info reports them: onnxruntime-node runs what it was asked for. */

@@ -1,6 +1,6 @@
 // What a model's outputs become: probabilities, the top k, and the check that an output is a
 // result at all (as the Python runtime's).
-import { OutputError, show } from './common.mjs';
+import { checkTopK, OutputError, show } from './common.mjs';
 
 /** Softmax in float64, as the Python runtime's. */
 export function softmax(logits) {
@@ -15,6 +15,7 @@ export function softmax(logits) {
 
 /** The k most probable classes, ties by index: [{ index, label, probability }]. */
 export function topK(logits, k, labels = null) {
+  checkTopK(k);
   const p = softmax(logits);
   const order = Array.from(p.keys()).sort((a, b) => p[b] - p[a] || a - b);
   return order.slice(0, Math.min(k, p.length)).map((index) => (

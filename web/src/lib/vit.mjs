@@ -1,7 +1,10 @@
 // The ViT class: a bundle loaded for inference, on whichever platform a subclass names
 // (bindPlatform, below: what each entry exports). Nothing here knows which platform it is.
 import { checkReport } from './check.mjs';
-import { BundleError, isGridOutput, isInt, LOGITS, PATCH_TOKENS, show, WEB_RECORD } from './common.mjs';
+import {
+  BundleError, checkThreads, checkTopK, guardMemory, isGridOutput, isInt, LOGITS,
+  METADATA_CONFIG_KEY, PATCH_TOKENS, show, WEB_RECORD,
+} from './common.mjs';
 import { decodeImage } from './decode.mjs';
 import { bundleFile, int8Warning, readManifest } from './manifest.mjs';
 import { Preprocess } from './preprocess.mjs';
@@ -38,26 +41,38 @@ export class ViT {
 
   /**
    * Load the bundle at `source` (a URL of its directory; in Node also a path).
-   * options: precision ('fp32'), threads (default: ORT's, or what `vit-deploy web
-   * --threads` wrote), backend ('auto' | 'webgpu' | 'wasm'; Node: 'cpu'), ortBase (URL of
+   * options: precision ('fp32'), threads (an integer from 1 to MAX_THREADS, 256, as
+   * Python's RuntimeOptions; default: ORT's, or what `vit-deploy web --threads` wrote), backend ('auto' | 'webgpu' | 'wasm'; Node: 'cpu'), ortBase (URL of
    * the onnxruntime-web files; default ./ort/ beside the entry module), externalData
-   * ([file names] beside the model; default: what `vit-deploy web` recorded).
+   * ([file names] beside the model; default: what `vit-deploy web` recorded), allowLarge
+   * (default false: a size whose attention-memory estimate exceeds MEMORY_FRACTION of the
+   * available memory is refused before anything is allocated for it, as Python's
+   * RuntimeOptions.allow_large). The options are checked before anything is read.
    */
   static async load(source, options = {}) {
     const { platform } = this;
     if (!platform) throw new Error('ViT has no platform: import it from vit-deploy.mjs, node.mjs or browser.mjs');
-    const { precision = 'fp32', backend = 'auto' } = options;
+    const { precision = 'fp32', backend = 'auto', allowLarge = false } = options;
+    if (options.threads != null) checkThreads(options.threads);
+    if (typeof precision !== 'string') throw new Error(`precision must be a string, got ${show(precision)}`);
+    if (typeof allowLarge !== 'boolean') throw new Error(`allowLarge must be true or false, got ${show(allowLarge)}`);
     const base = bundleURL(source, platform);
     const t0 = performance.now();
     const manifest = readManifest(await readJSON(platform, new URL('manifest.json', base), 'manifest'),
       `manifest ${new URL('manifest.json', base).href}`);
     const web = await readJSON(platform, new URL(WEB_RECORD, base), 'web record', { optional: true }) ?? {};
-    const file = manifest.models[precision];
+    const file = Object.hasOwn(manifest.models, precision) ? manifest.models[precision] : null;
     if (typeof file !== 'string') {
       throw new BundleError(`bundle has no ${show(precision)} model; it has ${show(Object.keys(manifest.models).sort())}`);
     }
-    const threads = options.threads ?? web.threads ?? null;
-    if (threads !== null && !isInt(threads, 1)) throw new Error(`threads must be a positive integer, got ${show(threads)}`);
+    let threads = options.threads ?? null;
+    if (threads === null) { // what `vit-deploy web --threads` wrote: the bundle's word, checked
+      try {
+        threads = checkThreads(web.threads ?? null);
+      } catch (e) {
+        throw new BundleError(`web record ${new URL(WEB_RECORD, base).href}: ${e.message}`);
+      }
+    }
     const ortBase = options.ortBase ? new URL(options.ortBase, globalThis.location?.href) : new URL('../ort/', import.meta.url);
     const { ort, backend: chosen, noGpuReason, gpu } = await platform.loadOrt(backend, ortBase);
     // names from the bundle (manifest, web.json) go through bundleFile: never outside it
@@ -81,6 +96,12 @@ export class ViT {
       fallback = `WebGPU session failed (${e.message}); running on WebAssembly`;
       ranOn = 'wasm';
       session = await ort.InferenceSession.create(model, { ...sessionOptions, executionProviders: ['wasm'] });
+    }
+    try { // the manifest against the config the exporter stored in the model file itself
+      checkAgainstModel(manifest, await modelMetadata(await platform.modelReader(model)), modelURL);
+    } catch (e) {
+      await session.release?.();
+      throw e;
     }
     model = null; // drop our copy: the session holds the weights now
     // the labels against the logits' real width (the graph's, where it fixes it; else
@@ -110,8 +131,45 @@ export class ViT {
       downloadMs: tFetched - t0,
       sessionMs: performance.now() - tFetched,
     };
-    return new this({ ort, session, manifest, info, precision, url: base.href,
+    return new this({ ort, session, manifest, info, precision, url: base.href, allowLarge,
       preprocess: Preprocess.fromManifest(manifest) });
+  }
+
+  /** The ONNX Runtime session, or an Error once release() has freed it. */
+  #live() {
+    if (!this.session) {
+      throw new Error(`this ViT was released (release() freed its ONNX Runtime session): load ` +
+        `${this.url} again with ViT.load to run it`);
+    }
+    return this.session;
+  }
+
+  /**
+   * An Error unless this model takes a batch of height x width inputs: a static graph's
+   * size, patch multiples, and (unless allowLarge) the attention-memory estimate against the
+   * memory available (Python's ViTSession.check_size). Called before the input is
+   * allocated (classify, features, pixels) and before every run.
+   */
+  async #checkSize(height, width, batch = 1) {
+    const P = this.manifest.patchSize;
+    const [sh, sw] = this.manifest.preprocess.resolution;
+    if (!this.manifest.dynamic && (height !== sh || width !== sw)) {
+      throw new Error(`this bundle is static at ${sh}x${sw}, cannot run ${height}x${width}`);
+    }
+    if (height % P || width % P) {
+      throw new Error(`height and width must be multiples of the patch size ${P}, got ${height}x${width}`);
+    }
+    if (this.allowLarge) return;
+    const available = await this.constructor.platform.availableMemory({ provider: this.info.provider });
+    guardMemory(height, width, this.manifest.config, { batch, available });
+  }
+
+  /** The model input for decoded pixels under `pre`: its size checked before any pixel is
+   * resized or allocated (Preprocess.plan refuses what no rule can make first). */
+  async #input(decoded, pre) {
+    const { target: [th, tw] } = pre.plan(decoded.width, decoded.height);
+    await this.#checkSize(th, tw);
+    return pre.tensor(decoded);
   }
 
   get labels() { return this.manifest.labels; }
@@ -140,16 +198,12 @@ export class ViT {
       dims.reduce((a, b) => a * b, 1) !== data.length) {
       throw new Error(`run() takes dims [batch, 3, height, width] matching data's ${data.length} values, got ${show(dims)}`);
     }
-    const [, , h, w] = dims;
-    const P = this.manifest.patchSize;
-    if (h % P || w % P) throw new Error(`height and width must be multiples of the patch size ${P}, got ${h}x${w}`);
-    if (!this.manifest.dynamic && (h !== this.manifest.preprocess.resolution[0] || w !== this.manifest.preprocess.resolution[1])) {
-      throw new Error(`this bundle is static at ${this.manifest.preprocess.resolution.join('x')}, cannot run ${h}x${w}`);
-    }
+    this.#live();
+    await this.#checkSize(dims[2], dims[3], dims[0]);
     const names = only ?? this.outputNames;
     for (const name of names) this.#requireOutput(name);
     const input = new this.ort.Tensor('float32', data, dims);
-    const outputs = await this.session.run({ [this.manifest.input]: input }, names);
+    const outputs = await this.#live().run({ [this.manifest.input]: input }, names);
     const result = {};
     for (const name of names) {
       const out = outputs[name];
@@ -176,7 +230,7 @@ export class ViT {
   /** The model input for an image: { data, dims } (see Preprocess.tensor). */
   async pixels(image, overrides = {}) {
     const pre = Object.keys(overrides).length ? Preprocess.fromManifest(this.manifest, overrides) : this.preprocess;
-    return pre.tensor(await decodeImage(image, this.constructor.platform));
+    return this.#input(await decodeImage(image, this.constructor.platform), pre);
   }
 
   /**
@@ -184,6 +238,8 @@ export class ViT {
    * ms: { decode, preprocess, run }, provider }. Needs the bundle's `logits` output.
    */
   async classify(image, { topK: k = 5, ...overrides } = {}) {
+    checkTopK(k);
+    this.#live();
     if (!this.outputNames.includes(LOGITS)) {
       throw new BundleError(`${this.url} has no ${show(LOGITS)} output to classify with (outputs: ` +
         `${show(this.outputNames)}): a backbone without a classifier; use features() or runAll()`);
@@ -192,7 +248,7 @@ export class ViT {
     const decoded = await decodeImage(image, this.constructor.platform);
     const t1 = performance.now();
     const pre = Object.keys(overrides).length ? Preprocess.fromManifest(this.manifest, overrides) : this.preprocess;
-    const { data, dims } = pre.tensor(decoded);
+    const { data, dims } = await this.#input(decoded, pre);
     const t2 = performance.now();
     const logits = requireFinite((await this.runAll(data, dims, [LOGITS]))[LOGITS].data, LOGITS);
     const t3 = performance.now();
@@ -212,6 +268,7 @@ export class ViT {
    * crop); other preprocessing overrides (resolution, interpolation, resize) as classify's.
    */
   async features(image, { output = PATCH_TOKENS, ...overrides } = {}) {
+    this.#live();
     if (typeof output !== 'string') throw new Error(`output must be an output name, got ${show(output)}`);
     if (!isGridOutput(output)) {
       const grid = this.outputNames.filter(isGridOutput);
@@ -226,7 +283,7 @@ export class ViT {
     const t1 = performance.now();
     const pre = Preprocess.fromManifest(this.manifest, { ...overrides,
       resize: overrides.resize ?? 'patch_multiple' });
-    const { data, dims } = pre.tensor(decoded);
+    const { data, dims } = await this.#input(decoded, pre);
     const t2 = performance.now();
     const out = (await this.runAll(data, dims, [output]))[output];
     requireFinite(out.data, output);
@@ -243,6 +300,7 @@ export class ViT {
    * (p50 / p90 in `latency`). A BundleError for a bundle without references.
    */
   async check({ latencyRuns = 0 } = {}) {
+    this.#live();
     const refs = this.manifest.references;
     if (!refs) {
       throw new BundleError(`${this.url} has no golden references (its manifest has no ` +
@@ -265,7 +323,98 @@ export class ViT {
       bundle: platform.bundleName(new URL(this.url)) });
   }
 
-  async release() { await this.session?.release?.(); this.session = null; }
+  /** Free the ONNX Runtime session; every run method after it is an Error saying so. */
+  async release() {
+    const { session } = this;
+    this.session = null;
+    await session?.release?.();
+  }
+}
+
+/**
+ * The metadata_props of an ONNX file (ModelProto field 14: key / value strings) read field
+ * by field from `reader` ({ size, read(offset, length) -> bytes, close? }), skipping the
+ * graph unread; null where the bytes do not parse (ONNX Runtime, which loaded them, is the
+ * judge of the file: nothing to compare then, as Python with a foreign file).
+ */
+async function modelMetadata(reader) {
+  const { size, read } = reader;
+  const out = {};
+  let pos = 0;
+  const varint = (bytes, at) => { // [value, bytes used]; null if broken
+    let v = 0;
+    for (let i = 0, mul = 1; i < Math.min(bytes.length - at, 10); i++, mul *= 128) {
+      v += (bytes[at + i] & 0x7f) * mul;
+      if (!(bytes[at + i] & 0x80)) return [v, i + 1];
+    }
+    return null;
+  };
+  const text = new TextDecoder();
+  try {
+    while (pos < size) {
+      const head = await read(pos, Math.min(20, size - pos)); // a key and a length: 2 varints
+      const key = varint(head, 0);
+      if (!key) return null;
+      const [tag, used] = key;
+      const [field, wire] = [Math.floor(tag / 8), tag % 8];
+      if (wire === 0) {
+        const v = varint(head, used);
+        if (!v) return null;
+        pos += used + v[1];
+      } else if (wire === 1 || wire === 5) {
+        pos += used + (wire === 1 ? 8 : 4);
+      } else if (wire === 2) {
+        const n = varint(head, used);
+        if (!n || pos + used + n[1] + n[0] > size) return null;
+        pos += used + n[1];
+        if (field === 14) { // StringStringEntryProto: 1 key, 2 value
+          const entry = await read(pos, n[0]);
+          const kv = {};
+          for (let at = 0; at < entry.length;) {
+            const k = varint(entry, at);
+            const len = k && varint(entry, at + k[1]);
+            if (!len || k[0] % 8 !== 2) return null;
+            at += k[1] + len[1];
+            kv[k[0] >> 3] = text.decode(entry.subarray(at, at + len[0]));
+            at += len[0];
+          }
+          if (typeof kv[1] === 'string') out[kv[1]] = kv[2] ?? '';
+        }
+        pos += n[0];
+      } else {
+        return null;
+      }
+    }
+    return out;
+  } finally {
+    await reader.close?.();
+  }
+}
+
+/** A BundleError when the manifest's patch size or input channels contradict the config
+ * the exporter stored in the model file (Python's ort_session._check_manifest_against_model);
+ * nothing to compare in a foreign file. */
+function checkAgainstModel(manifest, metadata, modelURL) {
+  const text = metadata?.[METADATA_CONFIG_KEY];
+  if (text === undefined) return;
+  let stored;
+  try {
+    stored = JSON.parse(text);
+  } catch (e) {
+    throw new BundleError(`the model's stored vit-deploy config is not valid: ${e.message}`);
+  }
+  const real = (key, fallback) => (Object.hasOwn(stored ?? {}, key) ? stored[key] : fallback);
+  for (const [what, claimed, value] of [['patch size', manifest.config.patchSize, real('patch_size', 16)],
+    ['input channels', manifest.config.inChans, real('in_chans', 3)]]) {
+    if (!isInt(value, 1)) {
+      throw new BundleError(`the model's stored vit-deploy config is not valid: its ${what} is ${show(value)}`);
+    }
+    if (claimed !== value) {
+      throw new BundleError(`the manifest says ${what} ${claimed}, but ${modelURL.href} was exported ` +
+        `with ${what} ${value} (its metadata ${show(METADATA_CONFIG_KEY)}); the manifest does not ` +
+        'describe this model');
+    }
+  }
 }
 
 /** Hex sha256 of bytes; null where Web Crypto is not offered (a page on plain http that is
