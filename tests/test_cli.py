@@ -137,3 +137,34 @@ def test_predict_and_providers(tmp_path):
     assert listed["cpu"]["usable"] is True
     for p in listed.values():
         assert p["usable"] or p["reason"]  # an unusable provider always says why
+
+
+@pytest.mark.parametrize("given", ["S", "B/16", "Ti", "L/14"])
+def test_a_model_size_that_contradicts_the_checkpoint_is_an_error(tmp_path, make_tiny, given):
+    """`--model` beside a `--checkpoint` is never ignored: another size is refused, naming
+    both shapes, and nothing is written."""
+    from vit_deploy.export.checkpoints import save_weights
+
+    path = save_weights(make_tiny(), tmp_path / "w.safetensors")
+    r = run("export", "--model", given, "--checkpoint", path, "--out", tmp_path / "b")
+    assert r.exit_code == 2, r.output
+    text = " ".join(r.output.split())
+    assert f"--model {given} (width" in text and "contradicts the checkpoint (width 48" in text
+    assert "Traceback" not in r.output and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("instances", ["cpu:2147483648", "cpu:257", "cpu:0", "gpu:-1", "cpu:²",
+                                       "cpu:1e3", "tpu:1", "cpu:" + "9" * 50, "cpu", ","])
+def test_triton_instances_outside_what_triton_reads_are_refused(quantised_bundle, tmp_path,
+                                                                instances):
+    r = run("triton", quantised_bundle, "--out", tmp_path / "repo", "--instances", instances)
+    assert r.exit_code == 2, r.output
+    assert "instance" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "repo").exists()
+
+
+def test_triton_instances_at_the_bound_are_written(quantised_bundle, tmp_path):
+    r = run("triton", quantised_bundle, "--out", tmp_path / "repo", "--instances", "cpu:256,gpu:1")
+    assert r.exit_code == 0, r.output
+    (config,) = (tmp_path / "repo").rglob("config.pbtxt")
+    assert "count: 256" in config.read_text()

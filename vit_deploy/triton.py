@@ -10,6 +10,7 @@ model name, tensor names, datatypes and shapes, because both take them from
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,14 +66,20 @@ def pbtxt_string(value: str) -> str:
     return '"' + "".join(out) + '"'
 
 
+# Instances per group: Triton reads an int32, and each instance is a session with its own
+# copy of the model; more than this is a typo, not a deployment
+MAX_INSTANCES = 256
+
+
 def parse_instances(text: str) -> list[tuple[str, int]]:
     """'cpu:2,gpu:1' -> [('cpu', 2), ('gpu', 1)]."""
     out = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
         kind, _, count = part.partition(":")
-        if kind not in KINDS or not count.isdigit() or int(count) < 1:
+        if (kind not in KINDS or not re.fullmatch(r"[0-9]{1,4}", count)
+                or not 1 <= int(count) <= MAX_INSTANCES):
             raise ValueError(f"instances must look like cpu:2,gpu:1 (kinds {list(KINDS)}, "
-                             f"counts >= 1), got {part!r}")
+                             f"counts 1..{MAX_INSTANCES}), got {part[:40]!r}")
         out.append((kind, int(count)))
     if not out:
         raise ValueError("no instance group given, e.g. cpu:1")

@@ -16,8 +16,10 @@ from vit_deploy.runtime.sizes import format_resolution
 
 
 @click.command()
-@click.option("--model", "variant_name", default="B", show_default=True,
-              help=f"Model size ({', '.join(VARIANTS)}), optionally with /PATCH (B/16).")
+@click.option("--model", "variant_name", default=None, metavar="SIZE[/PATCH]",
+              help=f"Model size ({', '.join(VARIANTS)}), optionally with /PATCH (B/16). "
+                   "Default B. With a --checkpoint, a size other than the checkpoint's is "
+                   "an error.")
 @click.option("--patch", type=click.IntRange(min=1, max=MAX_PATCH), default=None,
               help="Patch size (8, 14, 16, 32 for the named sizes). Default 16 (tiny: 8). "
                    "With a --checkpoint of another patch size, its patch embedding is "
@@ -71,7 +73,7 @@ from vit_deploy.runtime.sizes import format_resolution
 @force_option("Write into --out even if vit-deploy did not write it (its files are "
               "kept), and try resolutions whose memory estimate exceeds what is available.")
 @quiet_option
-def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | None,
+def export(variant_name: str | None, patch: int | None, resolution: tuple[int, int] | None,
            native_res: tuple[int, int] | None, checkpoint: str | None, source: str,
            heads: int | None, pos_embed: str, pool: str,
            num_classes: int | None, static: bool, no_simplify: bool, features: bool,
@@ -99,7 +101,7 @@ def export(variant_name: str, patch: int | None, resolution: tuple[int, int] | N
                             allow_large=force, outputs=parse_names(outputs),
                             layers=parse_layers(layers), layer_norm=layer_norm)
     if checkpoint is None:  # the flags give the config: refuse (memory guard) before building
-        validate_request(config_from_flags(variant_name, patch=patch, native_res=native_res,
+        validate_request(config_from_flags(variant_name or "B", patch=patch, native_res=native_res,
                                            num_classes=num_classes, pos_embed=pos_embed,
                                            pool=pool), options)
     model, fmt = model_from_flags(variant_name, patch=patch, native_res=native_res,

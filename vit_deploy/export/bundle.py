@@ -270,7 +270,7 @@ def versions() -> dict[str, str]:
 
 
 
-def model_from_flags(model: str = "B", *, patch: int | None = None,
+def model_from_flags(model: str | None = None, *, patch: int | None = None,
                      native_res: tuple[int, int] | None = None, num_classes: int | None = None,
                      pos_embed: str = "learned", pool: str = "cls", seed: int = 0,
                      checkpoint: str | Path | None = None, source: str = "auto",
@@ -280,16 +280,23 @@ def model_from_flags(model: str = "B", *, patch: int | None = None,
     model, or a checkpoint whose own config must not contradict a flag that was given. A
     --patch other than the checkpoint's resamples its patch embedding (PI-resize) and its
     position table to the new grid; `merge` (see config.parse_merge) adds token merging."""
-    from vit_deploy.runtime.config import config_from_flags, parse_merge
+    from vit_deploy.runtime.config import VARIANTS, config_from_flags, parse_merge, parse_variant
     from vit_deploy.export.checkpoints import CheckpointError, load_any
     from vit_deploy.export.model import build_model
 
-    cfg = config_from_flags(model, patch=patch, native_res=native_res, num_classes=num_classes,
+    cfg = config_from_flags(model or "B", patch=patch, native_res=native_res, num_classes=num_classes,
                             pos_embed=pos_embed, pool=pool)
     if checkpoint is None:
         vit, fmt = build_model(cfg, seed=seed), None
         return (vit.with_merging(parse_merge(merge, cfg.depth)) if merge else vit), None
     vit, fmt = load_any(checkpoint, source=source, heads=heads, fallback_cfg=cfg)
+    if model is not None:  # a size given beside a checkpoint must be the checkpoint's
+        size, named_patch = parse_variant(model)
+        shape = {k: getattr(vit.cfg, k) for k in VARIANTS[size]}
+        if shape != VARIANTS[size]:
+            raise CheckpointError(f"--model {model} ({_shape_text(VARIANTS[size])}) contradicts "
+                                  f"the checkpoint ({_shape_text(shape)}); drop --model")
+        patch = patch or named_patch  # as --patch: PI-resize to it
     for flag, given, loaded in (("--num-classes", num_classes, vit.cfg.num_classes),
                                 ("--native-res", native_res, vit.cfg.img_size)):
         if given is not None and given != loaded:  # ints, or (H, W) tuples
@@ -300,3 +307,7 @@ def model_from_flags(model: str = "B", *, patch: int | None = None,
     if merge:
         vit = vit.with_merging(parse_merge(merge, vit.cfg.depth))
     return vit, fmt
+
+
+def _shape_text(shape: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in shape.items())
