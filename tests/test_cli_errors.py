@@ -2,6 +2,7 @@
 check; huge integers, contradictory flags, a bare .onnx file, sizes over the memory guard."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -146,3 +147,43 @@ def test_cli_error_mapping_names_no_classes():
     source = Path(group.__file__).read_text()
     for cls in _error_classes():
         assert cls.__name__ not in source, cls.__name__
+
+
+def _foreign(src: Path, dst: Path) -> Path:
+    """`src` as another tool would have written it: the same graph, no vit-deploy metadata."""
+    import onnx
+
+    model = onnx.load(str(src))
+    del model.metadata_props[:]
+    onnx.save(model, str(dst))
+    return dst
+
+
+@pytest.mark.parametrize("flags,message", [
+    ([], "resolution (--res), mean (--mean), std (--std), patch_size (--patch"),
+    (["--res", "32", "--mean", "0.5", "--std", "0.5"], "pass patch_size (--patch: this file does"),
+    (["--res", "32", "--patch", "8"], "pass mean (--mean), std (--std)"),
+])
+def test_a_foreign_onnx_file_names_the_flags_it_needs(tiny_bundle, tmp_path, flags, message):
+    """A bare .onnx file without our metadata: every missing field is named with its flag,
+    and the flags given are enough."""
+    _, result = tiny_bundle
+    onnx_file = _foreign(result.path / "model.onnx", tmp_path / "foreign.onnx")
+    image = tmp_path / "cat.png"
+    Image.fromarray(np.full((40, 50, 3), 128, np.uint8)).save(image)
+    r = run("predict", onnx_file, image, *flags)
+    assert r.exit_code == 2 and message in " ".join(r.output.split()), r.output
+    assert "Traceback" not in r.output
+    r = run("predict", onnx_file, image, "--res", "32", "--mean", "0.5,0.5,0.5", "--std",
+            "0.5,0.5,0.5", "--patch", "8", "--json")
+    assert r.exit_code == 0 and json.loads(r.output)["predictions"][0]["input_size"] == [32, 32]
+
+
+def test_a_patch_that_contradicts_the_model_is_refused(tiny_bundle, tmp_path):
+    _, result = tiny_bundle
+    image = tmp_path / "cat.png"
+    Image.fromarray(np.full((40, 50, 3), 128, np.uint8)).save(image)
+    for path in (result.path, result.path / "model.onnx"):
+        r = run("predict", path, image, "--res", "32", "--mean", "0.5", "--std", "0.5",
+                "--patch", "16")
+        assert r.exit_code == 2 and "has patch size 8, not 16" in r.output, r.output

@@ -36,12 +36,13 @@ class PredictOptions:
     resolution: tuple[int, int] | None = None
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
+    patch: int | None = None  # a bare .onnx file not exported by vit-deploy: its patch size
     features: Path | None = None  # also write the dense outputs to this .npz
 
     @property
     def overrides(self) -> dict[str, Any]:
         return {"resize": self.resize, "resolution": self.resolution, "mean": self.mean,
-                "std": self.std}
+                "std": self.std, "patch_size": self.patch}
 
 
 @dataclass(frozen=True)

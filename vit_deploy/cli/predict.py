@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from vit_deploy.cli.options import (RESOLUTION, console, floats, force_option, json_flag,
+from vit_deploy.cli.options import (MAX_PATCH, RESOLUTION, console, floats, force_option, json_flag,
                                     refuse_clobber, threads_option)
 from vit_deploy.runtime.contract import TARGETS
 
@@ -27,6 +27,9 @@ from vit_deploy.runtime.contract import TARGETS
 @click.option("--mean", default=None, help="Per-channel mean, e.g. 0.485,0.456,0.406 (a bare "
               ".onnx file has no manifest to say it).")
 @click.option("--std", default=None, help="Per-channel std, e.g. 0.229,0.224,0.225.")
+@click.option("--patch", type=click.IntRange(1, MAX_PATCH), default=None,
+              help="Patch size of a bare .onnx file that does not record it (one not "
+                   "exported by vit-deploy).")
 @threads_option
 @click.option("--target", "predict_target", type=click.Choice(["auto", "none", *TARGETS]),
               default="auto", show_default=True, help="Bucket graphs to use: auto (the "
@@ -38,7 +41,7 @@ from vit_deploy.runtime.contract import TARGETS
 @force_option("Replace an existing --features file.")
 def predict(bundle: Path, images: tuple[Path, ...], provider: str, fallback: bool,
             precision: str, top_k: int, resize: str | None, resolution: tuple[int, int] | None,
-            mean: str | None, std: str | None, threads: int | None, as_json: bool,
+            mean: str | None, std: str | None, patch: int | None, threads: int | None, as_json: bool,
             features_file: Path | None, force: bool, predict_target: str = "auto") -> None:
     """Classify IMAGES with a bundle, or a .onnx file exported by vit-deploy (no torch);
     with --features, write their patch-token feature maps."""
@@ -51,7 +54,7 @@ def predict(bundle: Path, images: tuple[Path, ...], provider: str, fallback: boo
     options = PredictOptions(provider=provider, fallback=fallback, precision=precision,
                              top_k=top_k, target=predict_target, threads=threads,
                              resize=resize, resolution=resolution, mean=floats(mean),
-                             std=floats(std), features=features_file)
+                             std=floats(std), patch=patch, features=features_file)
     result = run_predict(bundle, images, options)
     if as_json:
         click.echo(result.to_json())

@@ -216,16 +216,25 @@ class ViTSession:
                  for j in np.argsort(-row, kind="stable")[:k]] for row in probs]
 
     def preprocess(self, **overrides: Any) -> Preprocess:
-        """The manifest's preprocessing (a bare .onnx file has none: pass the fields)."""
+        """The manifest's preprocessing (a bare .onnx file has none: pass the fields, and
+        `patch_size` where the file was not exported by vit-deploy)."""
+        patch = overrides.pop("patch_size", None)
+        if patch is not None and self.patch_size and patch != self.patch_size:
+            raise BundleError(f"{str(self.model_path)!r} has patch size {self.patch_size}, not "
+                              f"{patch}: drop --patch / patch_size")
         if self.manifest is None:
             given = {k: v for k, v in overrides.items() if v is not None}
+            patch = patch or self.patch_size
             missing = [k for k in ("resolution", "mean", "std") if k not in given]
-            if missing or not self.patch_size:
+            if missing or not patch:
+                flags = {"resolution": "--res", "mean": "--mean", "std": "--std"}
+                need = [f"{k} ({flags[k]})" for k in missing] + (
+                    [] if patch else ["patch_size (--patch: this file does not record it)"])
                 raise BundleError(
                     f"{str(self.model_path)!r} is a bare .onnx file without a manifest, so it "
-                    f"does not say how to preprocess: pass {', '.join(missing) or 'patch_size'} "
-                    f"(vit-deploy predict: --res, --mean, --std), or run a bundle directory")
-            return Preprocess(patch_size=self.patch_size, guard=self.check_size, **given)
+                    f"does not say how to preprocess: pass {', '.join(need)}, or run a bundle "
+                    f"directory")
+            return Preprocess(patch_size=patch, guard=self.check_size, **given)
         return Preprocess.from_manifest(self.manifest, guard=self.check_size, **overrides)
 
     def _guarded(self, pre: Preprocess) -> Preprocess:
