@@ -69,6 +69,33 @@ def test_a_v1_bundle_is_read_and_runs(tiny_bundle, tmp_path):
     assert m2.format_version == BUNDLE_FORMAT_VERSION
 
 
+def test_a_v1_manifest_without_file_roles_gets_the_roles_v1_meant(tiny_bundle, tmp_path):
+    """v1 could leave roles out: the weights file and the models are still known as such,
+    so check rebuilds PyTorch from the weights instead of saying there are none."""
+    from click.testing import CliRunner
+
+    from vit_deploy.cli import main
+
+    _, result = tiny_bundle
+    b = tmp_path / "v1"
+    shutil.copytree(result.path, b)
+    shutil.copy(b / "model.onnx", b / "model.int8.onnx")
+    old = json.loads(V1.read_text())
+    for name, entry in old["files"].items():
+        entry.update(asdict(FileEntry.of(b / name, entry["role"])))
+        del entry["role"]
+    old["preprocess"]["resolution"] = [48, 64]
+    (b / MANIFEST_NAME).write_text(json.dumps(old))
+    m = load_manifest(b)
+    assert m.weights_file == "weights.safetensors"
+    assert {n: e.role for n, e in m.files.items()} == {
+        "model.onnx": "model:fp32", "model.int8.onnx": "model:int8",
+        "weights.safetensors": "weights"}
+    r = CliRunner().invoke(main, ["check", str(b), "--precision", "fp32", "--batch", "1",
+                                  "--quiet"])
+    assert r.exit_code == 0 and "rebuilt from the bundle's weights" in r.output, r.output
+
+
 @pytest.mark.parametrize("damage,match", [
     (lambda m: m["preprocess"].update(mean=[float("nan"), 0, 0]), "preprocess.mean"),
     (lambda m: m["preprocess"].update(std=[1e-9, 1, 1]), "preprocess.std"),

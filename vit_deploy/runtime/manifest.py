@@ -22,7 +22,7 @@ from typing import Any
 
 from vit_deploy.runtime.config import ViTConfig
 from vit_deploy.runtime.contract import (BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, MANIFEST_NAME,
-                                         WEIGHTS_ROLE)
+                                         WEIGHTS_FILE, WEIGHTS_ROLE, model_role)
 from vit_deploy.runtime.recipe import Int8Recipe
 from vit_deploy.runtime.files import sha256_file, write_bytes_atomic
 from vit_deploy.runtime.manifest_parts import (BundleError, FileEntry, IOSpec, PreprocessSpec,
@@ -229,6 +229,11 @@ class Manifest:
                   "models", "precision names like int8-static", precision)
             _need(isinstance(name, str) and name in files, where, f"models[{precision!r}]",
                   "a file listed under files", name)
+        if version == 1:  # v1 could leave roles out: what each listed name always meant
+            implied = {name: model_role(p) for p, name in models.items()} | {
+                WEIGHTS_FILE: WEIGHTS_ROLE}
+            files = {name: e if e.role or name not in implied
+                     else dataclasses.replace(e, role=implied[name]) for name, e in files.items()}
         _need("fp32" in models, where, "models", "an object with an fp32 model", models)
         labels = m.get("labels")
         classes = config.num_classes or None
