@@ -118,7 +118,7 @@ def test_predict_with_labels_features_and_top_k(tmp_path, make_tiny):
         assert [c.index for c in again.top] == [c.index for c in preds[1].top]
         pooled = s.pooled(sample_inputs((16, 16), 2))
         assert pooled.shape == (2, 48)
-        with pytest.raises(ValueError, match="top_k must be >= 1"):
+        with pytest.raises(ValueError, match="top_k must be an integer >= 1"):
             s.predict(images[0], top_k=0)
 
 

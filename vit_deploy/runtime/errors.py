@@ -33,4 +33,16 @@ class VitDeployError(Exception):
         return None
 
 
-__all__ = ["BAD_INPUT", "FAILED", "VitDeployError"]
+def require_arg(where: str, value: Any, types: type | tuple[type, ...], expected: str) -> None:
+    """TypeError naming the argument, what it takes and what was given, unless `value` is
+    one of `types` (bool is not an int here). The check at the public API's door, so a
+    wrong type never surfaces as an internal TypeError / AttributeError."""
+    if isinstance(value, types) and not (isinstance(value, bool) and bool not in (
+            types if isinstance(types, tuple) else (types,))):
+        return
+    shown = repr(value)
+    raise TypeError(f"{where} must be {expected}, got {type(value).__name__} "
+                    f"{shown[:60]}{'...' if len(shown) > 60 else ''}")
+
+
+__all__ = ["BAD_INPUT", "FAILED", "VitDeployError", "require_arg"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from vit_deploy.runtime.config import ViTConfig
 from vit_deploy.runtime.contract import (BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, MANIFEST_NAME,
                                          WEIGHTS_FILE, WEIGHTS_ROLE, model_role)
 from vit_deploy.runtime.recipe import Int8Recipe
+from vit_deploy.runtime.errors import require_arg
 from vit_deploy.runtime.files import sha256_file, write_bytes_atomic
 from vit_deploy.runtime.manifest_parts import (BundleError, FileEntry, IOSpec, PreprocessSpec,
                                                TargetSpec, _files, _io, _is_int, _need, _plain,
@@ -278,6 +280,8 @@ class Manifest:
 
 def load_manifest(bundle: str | Path, *, verify: bool = True) -> Manifest:
     """Read `bundle/manifest.json`; with `verify`, check every listed file's size and sha256."""
+    require_arg("load_manifest(bundle)", bundle, (str, os.PathLike), "a bundle directory path")
+    require_arg("verify", verify, bool, "True or False")
     recover_on_open(bundle)  # a writer killed mid-swap: finish or undo it, drop its staging
     root = Path(bundle)
     path = root / MANIFEST_NAME

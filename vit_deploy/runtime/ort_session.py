@@ -17,6 +17,7 @@ from vit_deploy.runtime.contract import METADATA_CONFIG_KEY
 from vit_deploy.runtime.graph_cache import OptimizedGraphCache
 from vit_deploy.runtime.manifest import Manifest
 from vit_deploy.runtime.contract import MAX_THREADS
+from vit_deploy.runtime.errors import require_arg
 from vit_deploy.runtime.manifest_parts import BundleError
 from vit_deploy.runtime.providers import (CPU, Provider, ProviderError, available,
                                           captured_stderr, failure_reason, short_name)
@@ -49,6 +50,16 @@ class RuntimeOptions:
     allow_large: bool = False  # run sizes whose attention estimate exceeds available memory
 
     def __post_init__(self) -> None:
+        for name in ("cache_optimized", "io_binding", "verify", "reject_nonfinite",
+                     "allow_large"):
+            require_arg(f"RuntimeOptions({name})", getattr(self, name), bool, "True or False")
+        for name in ("spinning", "split_batches"):
+            if getattr(self, name) is not None:
+                require_arg(f"RuntimeOptions({name})", getattr(self, name), bool,
+                            "True, False or None")
+        require_arg("RuntimeOptions(device_id)", self.device_id, int, "a device index >= 0")
+        if self.device_id < 0:
+            raise ValueError(f"RuntimeOptions(device_id) must be >= 0, got {self.device_id}")
         if self.optimization not in OPTIMIZATION_LEVELS:
             raise ValueError(f"optimization must be one of {list(OPTIMIZATION_LEVELS)}, got "
                              f"{self.optimization!r}")

@@ -14,7 +14,7 @@ from typing import Any, Union
 
 import onnxruntime as ort
 
-from vit_deploy.runtime.errors import FAILED, VitDeployError
+from vit_deploy.runtime.errors import FAILED, VitDeployError, require_arg
 
 ALIASES: dict[str, str] = {
     "cpu": "CPUExecutionProvider",
@@ -77,16 +77,23 @@ def resolve_name(name: str) -> str:
 
 def parse_providers(spec: ProviderSpec | Sequence[ProviderSpec]) -> list[Provider]:
     """A name, 'cuda,cpu', or a list of names / (name, options) pairs, in preference order."""
+    expected = ("a provider name ('cpu', 'cuda,cpu'), a (name, options) pair or a list of "
+                "them")
     if isinstance(spec, str):
         items: list[ProviderSpec] = [s for s in spec.split(",") if s.strip()]
     elif isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], Mapping):
         items = [spec]
     else:
+        require_arg("provider", spec, (list, tuple), expected)
         items = list(spec)
     if not items:
         raise ValueError("no provider given; use e.g. 'cpu' or 'cuda,cpu'")
     out: list[Provider] = []
     for item in items:
+        if not isinstance(item, str):
+            require_arg("provider", item, tuple, expected)
+            if len(item) != 2 or not isinstance(item[0], str) or not isinstance(item[1], Mapping):
+                raise TypeError(f"provider must be {expected}, got {str(item)[:60]}")
         name, options = (item, {}) if isinstance(item, str) else (item[0], dict(item[1]))
         provider = Provider(resolve_name(name), options)
         if provider.name not in [p.name for p in out]:

@@ -6,7 +6,7 @@ import dataclasses
 import numbers
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from vit_deploy.runtime.results import (Classified, Prediction, _check_labels, r
 from vit_deploy.runtime.swap import recover_on_open
 from vit_deploy.runtime.tensorrt import tensorrt_defaults
 from vit_deploy.runtime.sizes import MemoryEstimateError, guard_memory, require_patch_multiple
-from vit_deploy.runtime.errors import BAD_INPUT, VitDeployError
+from vit_deploy.runtime.errors import BAD_INPUT, VitDeployError, require_arg
 
 
 class InputError(VitDeployError, ValueError):
@@ -52,6 +52,13 @@ class ViTSession:
     def __init__(self, model: str | Path, *, provider: ProviderSpec | Sequence[ProviderSpec] = "cpu",
                  precision: str = "fp32", fallback: bool = False,
                  options: RuntimeOptions = RuntimeOptions(), target: str | None = "auto"):
+        require_arg("ViTSession(model)", model, (str, os.PathLike), "a bundle directory or "
+                    ".onnx file path (str or os.PathLike)")
+        require_arg("precision", precision, str, "a precision name such as 'fp32' or 'int8'")
+        require_arg("fallback", fallback, bool, "True or False")
+        require_arg("options", options, RuntimeOptions, "a RuntimeOptions(...)")
+        if target is not None:
+            require_arg("target", target, str, "a target name, 'auto' or None")
         path = Path(model)
         recover_on_open(path)  # before is_dir: a writer killed mid-swap may have moved it aside
         self.options = options
@@ -191,6 +198,8 @@ class ViTSession:
                 and top_k >= 1):
             raise ValueError(f"top_k must be an integer >= 1, got {top_k!r}"[:200])
         images = _as_list(images)
+        if preprocess is not None:
+            require_arg("preprocess", preprocess, Preprocess, "a Preprocess or None")
         pre = self._guarded(preprocess or self.preprocess())
         results: list[Prediction | None] = [None] * len(images)
         groups = (self.buckets.batches(images, pre) if self.buckets is not None and preprocess
@@ -338,6 +347,8 @@ def _as_list(images: ImageInput | Sequence[ImageInput]) -> list[ImageInput]:
     if isinstance(images, (str, os.PathLike, bytes, bytearray, np.ndarray)) \
             or hasattr(images, "getpixel"):
         return [images]  # type: ignore[list-item]
+    require_arg("images", images, Iterable, "an image (path, bytes, PIL image, HWC uint8 "
+                "array) or a sequence of them")
     return list(images)  # type: ignore[arg-type]
 
 
