@@ -162,3 +162,23 @@ def test_a_stale_lock_of_ours_is_taken_over(scene):
     r = run("quantize", bundle, "--precision", "fp16", "--quiet")
     assert r.exit_code == 0, r.output
     assert not (root / ".X.lock").exists()
+
+
+def test_where_posix_locks_are_missing_writers_refuse_and_readers_run(scene, monkeypatch):
+    """Windows has no flock / O_NOFOLLOW / pread: writing a bundle is refused with one line
+    saying so (nothing written), while reading and running it still works, leftovers and
+    all (they are left for a POSIX writer to settle)."""
+    from vit_deploy.runtime import ViTSession, swap
+
+    bundle, root, outside = scene
+    monkeypatch.setattr(swap, "POSIX", False)
+    before = sorted(p.name for p in bundle.iterdir())
+    r = run("quantize", bundle, "--precision", "fp16", "--quiet")
+    assert r.exit_code == 1 and "needs Linux or macOS" in r.output, r.output
+    assert sorted(p.name for p in bundle.iterdir()) == before
+    (root / ".X.tmp-deadbeef").mkdir()
+    r = run("info", bundle)
+    assert r.exit_code == 0, r.output
+    with ViTSession(bundle) as s:
+        assert s.predict(PHOTO)[0].top
+    assert (root / ".X.tmp-deadbeef").exists() and intact(root, outside, bundle)

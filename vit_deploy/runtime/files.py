@@ -52,7 +52,8 @@ def write_bytes_atomic(dst: str | os.PathLike, data: bytes) -> Path:
     dst.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.tmp-", dir=dst.parent)
     try:
-        os.fchmod(fd, 0o666 & ~umask())  # mkstemp makes 0600; artifacts are ordinary files
+        if hasattr(os, "fchmod"):  # POSIX (Windows has it from Python 3.13, as a read-only bit)
+            os.fchmod(fd, 0o666 & ~umask())  # mkstemp makes 0600; artifacts are ordinary files
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

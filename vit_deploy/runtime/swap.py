@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -38,6 +39,17 @@ class OutputExistsError(VitDeployError, FileExistsError):
     """The destination exists and may not be replaced."""
 
     exit_code = BAD_INPUT
+
+
+class PlatformError(VitDeployError, RuntimeError):
+    """This platform cannot do it (writing a bundle on Windows)."""
+
+    exit_code = FAILED
+
+
+# Writing and repairing bundles needs POSIX (fcntl.flock, O_NOFOLLOW, pread / pwrite);
+# tests set it False to see what Windows gets
+POSIX = os.name == "posix"
 
 
 class BusyError(VitDeployError, RuntimeError):
@@ -64,6 +76,11 @@ def writer_lock(dst: str | os.PathLike) -> Iterator[Path]:
         finally:
             _held[dst] -= 1
         return
+    if not POSIX:
+        raise PlatformError(f"writing {str(dst)!r} needs Linux or macOS: the one-writer lock "
+                            f"and the journalled swap use POSIX calls (flock, O_NOFOLLOW, "
+                            f"pread); on {sys.platform} vit-deploy runs bundles, it does not "
+                            f"write or repair them")
     import fcntl
 
     lock = dst.parent / f".{dst.name}.lock"
@@ -288,8 +305,8 @@ def recover_on_open(bundle: str | os.PathLike) -> None:
     try:
         with writer_lock(dst):
             pass  # taking the lock recovers
-    except BusyError:
-        return  # a live writer: its journal and staging are its own
+    except (BusyError, PlatformError):
+        return  # a live writer: its journal and staging are its own (or not ours to repair)
     except OSError as e:
         if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise
