@@ -14,6 +14,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 import tracemalloc
 import zlib
@@ -30,7 +31,7 @@ from vit_deploy.serve.app import make_app, serving_model
 from vit_deploy.serve.codec import parse_infer_request
 from vit_deploy.serve.connections import RepeatFilter
 from vit_deploy.serve.errors import Failure
-from vit_deploy.serve.limits import MAX_INFER_BYTES, Limits
+from vit_deploy.serve.limits import MAX_INFER_BYTES, BodyBudget, Limits
 
 ONE_KIND = pytest.mark.parametrize("tiny_bundle", [("learned", "cls")], indirect=True,
                                    ids=["learned-cls"])
@@ -202,41 +203,204 @@ def test_a_huge_declared_body_is_refused_before_it_is_read(bundle, path, ctype, 
         s.close()
 
 
+def _slow_openings(model: str) -> list[bytes]:
+    """Headers and the first bytes of a 100000-byte body, for each inference endpoint: raw
+    /predict, multipart /predict, v2 JSON infer."""
+    head = "POST {} HTTP/1.1\r\nHost: x\r\ncontent-type: {}\r\ncontent-length: 100000\r\n\r\n"
+    return [head.format("/predict", "image/png").encode() + b"\x89PNG",
+            head.format("/predict", "multipart/form-data; boundary=b0").encode() + b"--b0\r\n",
+            head.format(f"/v2/models/{model}/infer", "application/json").encode()
+            + b'{"inputs":[']
+
+
+@contextmanager
+def _dripping(socks: list[socket.socket], every: float | None):
+    """A byte to each of `socks` every `every` seconds (None: nothing more) meanwhile,
+    until the server answers or closes it (as a client would: no reset)."""
+    stop = threading.Event()
+
+    def drip():
+        live = list(socks)
+        while live and not stop.wait(every):
+            answered = select.select(live, [], [], 0)[0]
+            live = [s for s in live if s not in answered]
+            for s in live:
+                try:
+                    s.send(b"0")
+                except OSError:  # closed meanwhile: what the tests wait for
+                    pass
+
+    thread = threading.Thread(target=drip, daemon=True)
+    if every:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if every:
+            thread.join(5)
+
+
+def _fast_requests_answer(url: str, model: str, within: float) -> None:
+    """Each inference endpoint answers a whole request 200 within `within` seconds."""
+    v2 = json.dumps(_request()).encode()
+    for how in (dict(content=_png(), headers=PNG),
+                dict(files={"file": ("a.png", _png(), "image/png")})):
+        t0 = time.monotonic()
+        r = httpx.post(f"{url}/predict", timeout=within, **how)
+        assert r.status_code == 200 and time.monotonic() - t0 < within, r.text
+    t0 = time.monotonic()
+    r = httpx.post(f"{url}/v2/models/{model}/infer", content=v2, timeout=within)
+    assert r.status_code == 200 and time.monotonic() - t0 < within, r.text
+
+
+def _predict_408s(url: str, want: int) -> int:
+    for _ in range(30):  # the handlers hear of the closes a moment later
+        got = httpx.get(f"{url}/stats").json()["responses"]
+        n = sum(got.get(e, {}).get("408", 0) for e in ("predict", "v2"))
+        if n >= want:
+            break
+        time.sleep(0.1)
+    return n
+
+
 @ONE_KIND
-def test_bodies_being_read_are_bounded_503_then_served_again(bundle):
-    with hostile_server(bundle, max_bodies=2, body_timeout_s=2.0) as (url, port, _):
-        slow = [_connect(port, b"POST /predict HTTP/1.1\r\nHost: x\r\ncontent-type: image/png"
-                               b"\r\ncontent-length: 5000\r\n\r\nabc") for _ in range(2)]
-        time.sleep(0.3)  # both bodies are being read
-        for _ in range(3):
-            r = httpx.post(f"{url}/predict", content=_png(), headers=PNG, timeout=5)
-            assert r.status_code == 503 and r.headers["retry-after"] == "1"
-            assert "2 request bodies are being read" in r.json()["error"]
+@pytest.mark.parametrize("drip", [None, 0.2], ids=["stalled", "dripping"])
+def test_slow_bodies_never_keep_fast_requests_out(bundle, drip):
+    # 12 slow bodies, three times the 4 bodies parsed at once and each declaring 100000
+    # bytes (the byte budget 300000): they hold no slot and no declared bytes, so fast
+    # requests to every endpoint are answered 200 while they are open; then each gets 408.
+    limits = dict(max_bodies=4, max_body_bytes=300_000, max_image_bytes=200_000,
+                  max_infer_bytes=200_000, body_timeout_s=6.0, min_body_rate=1,
+                  body_window_s=10.0)  # no rate check before the body timeout
+    with hostile_server(bundle, **limits) as (url, port, proc):
+        slow = [_connect(port, opening) for opening in _slow_openings(bundle.name) * 4]
+        t0 = time.monotonic()
+        with _dripping(slow, drip):
+            time.sleep(0.3)  # every body is being read
+            for _ in range(2):
+                _fast_requests_answer(url, bundle.name, within=2.0)
+            _health_within(url, 2.0)
+            assert time.monotonic() - t0 < 5.5  # all of it while the slow ones were open
+            closed, sent = _closed_by_server(slow, within=8.0)  # 6 s from their headers
+        assert closed == len(slow) and time.monotonic() - t0 < 8
+        assert all(d.startswith(b"HTTP/1.1 408") and b"body timeout" in d for d in sent), sent
+        assert _predict_408s(url, len(slow)) == len(slow)
+        _fast_requests_answer(url, bundle.name, within=2.0)  # and it lives on
         for s in slow:
             s.close()
-        time.sleep(0.3)
-        assert httpx.post(f"{url}/predict", content=_png(), headers=PNG,
-                          timeout=10).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert "Traceback" not in err and len(err) < 5000, err[-3000:]
 
 
 @ONE_KIND
-def test_bytes_held_are_bounded(bundle):
-    limits = dict(max_image_bytes=10_000, max_infer_bytes=10_000, max_body_bytes=15_000)
-    with hostile_server(bundle, body_timeout_s=3.0, **limits) as (url, port, _):
-        s = _connect(port, b"POST /predict HTTP/1.1\r\nHost: x\r\ncontent-type: image/png\r\n"
-                           b"content-length: 9000\r\n\r\nabc")  # 9000 claimed, 3 sent
-        time.sleep(0.3)
+def test_a_trickle_is_cut_by_the_minimum_rate_and_a_steady_slow_body_is_not(bundle):
+    limits = dict(body_timeout_s=20.0, min_body_rate=1000, body_window_s=0.5)
+    with hostile_server(bundle, **limits) as (url, port, _):
+        stalled = [_connect(port, opening) for opening in _slow_openings(bundle.name)]
+        dripped = [_connect(port, opening) for opening in _slow_openings(bundle.name)]
+        image = _png(size=(60, 60))
+        assert len(image) > 5000
+        steady = _connect(port, b"POST /predict HTTP/1.1\r\nHost: x\r\ncontent-type: image/png"
+                                b"\r\ncontent-length: %d\r\n\r\n" % len(image))
+
+        def send_steadily():  # 2000 bytes/s, over the 1000: 3 s or more in all
+            for i in range(0, len(image), 200):
+                steady.sendall(image[i:i + 200])
+                time.sleep(0.1)
+
+        sender = threading.Thread(target=send_steadily, daemon=True)
+        t0 = time.monotonic()
+        sender.start()
+        with _dripping(dripped, 0.05):  # 20 bytes/s, under the 1000
+            closed, sent = _closed_by_server(stalled + dripped, within=3.0)
+        assert closed == 6 and time.monotonic() - t0 < 3  # long before the body timeout
+        assert all(d.startswith(b"HTTP/1.1 408") and b"minimum body rate" in d for d in sent)
+        sender.join(15)
+        answer = b""
+        while not answer.endswith(b"}"):
+            answer += steady.recv(65536) or b"}"
+        assert answer.startswith(b"HTTP/1.1 200") and b'"top"' in answer, answer
+        _fast_requests_answer(url, bundle.name, within=2.0)
+
+
+@ONE_KIND
+@pytest.mark.parametrize("drip", [None, 0.2], ids=["stalled", "dripping"])
+def test_at_the_connection_limit_the_slowest_body_makes_way(bundle, drip):
+    # Every one of the 8 connections is sending a slow body (each being answered, none
+    # idle): a new connection closes the one that has been sending longest, with a 408.
+    limits = dict(max_connections=8, body_timeout_s=20.0, min_body_rate=1, body_window_s=30.0)
+    with hostile_server(bundle, **limits) as (url, port, _):
+        slow = []
+        for opening in (_slow_openings(bundle.name) * 3)[:8]:
+            slow.append(_connect(port, opening))
+            time.sleep(0.05)  # in order: slow[0] has been sending longest
+        with _dripping(slow, drip):
+            time.sleep(0.3)
+            for _ in range(2):
+                _fast_requests_answer(url, bundle.name, within=2.0)
+            _health_within(url, 2.0)
+            first, sent = _closed_by_server(slow[:1], within=1.0)
+            closed, more = _closed_by_server(slow[1:], within=0.5)
+        assert first == 1 and closed < len(slow) - 1  # the oldest made way, not all of them
+        assert all(d.startswith(b"HTTP/1.1 408") and b"slowest to arrive" in d
+                   for d in sent + more), sent + more
+        for s in slow:
+            s.close()
+        _fast_requests_answer(url, bundle.name, within=2.0)
+
+
+@ONE_KIND
+@pytest.mark.parametrize("declared", [9000, 10_000])
+def test_bytes_held_are_what_arrived_not_what_was_declared(bundle, declared):
+    limits = dict(max_image_bytes=10_000, max_infer_bytes=10_000, max_body_bytes=15_000,
+                  body_timeout_s=4.0, body_window_s=10.0)
+    head = (b"POST /predict HTTP/1.1\r\nHost: x\r\ncontent-type: image/png\r\n"
+            b"content-length: %d\r\n\r\n" % declared)
+    with hostile_server(bundle, **limits) as (url, port, _):
         big = _png(size=(50, 50))
         assert 6000 < len(big) < 10_000
+        declaring = [_connect(port, head + b"abc") for _ in range(8)]  # 8 x declared, 3 sent
+        time.sleep(0.3)
+        r = httpx.post(f"{url}/predict", content=big, headers=PNG, timeout=5)
+        assert r.status_code == 200, r.text  # a promise holds nothing
+        holding = _connect(port, head + b"x" * (declared - 1000))  # sent: held
+        time.sleep(0.3)
         r = httpx.post(f"{url}/predict", content=big, headers=PNG, timeout=5)
         assert r.status_code == 503 and "bytes of requests are held" in r.json()["error"]
+        assert r.headers["retry-after"] == "1"
         small = _png(size=(20, 20))
         assert httpx.post(f"{url}/predict", content=small, headers=PNG,
-                          timeout=10).status_code == 200  # it fits beside the held 9000
-        s.close()
+                          timeout=10).status_code == 200  # it fits beside the held bytes
+        holding.close()
         time.sleep(0.3)
         assert httpx.post(f"{url}/predict", content=big, headers=PNG,
                           timeout=10).status_code == 200
+        for s in declaring:
+            s.close()
+
+
+def test_a_body_takes_a_parsing_slot_only_once_it_has_arrived():
+    budget = BodyBudget(max_bodies=2, max_bytes=1000)
+    arriving = [budget.claim() for _ in range(50)]  # any number may be arriving
+    for c in arriving:
+        c.need(10)
+    assert budget.bodies == 0 and budget.bytes == 500
+    done = [budget.claim() for _ in range(3)]
+    done[0].arrived()
+    done[1].arrived()
+    with pytest.raises(Failure, match="2 request bodies are being parsed") as e:
+        done[2].arrived()
+    assert e.value.status == 503 and e.value.headers["Retry-After"] == "1"
+    done[0].parsed()
+    done[2].arrived()  # a slot came back
+    with pytest.raises(Failure, match="bytes of requests are held"):
+        done[1].fits(600)  # a declared length that cannot fit: 503 before reading
+    assert budget.bytes == 500  # and nothing reserved
+    for c in arriving + done:
+        c.release()
+    assert (budget.bodies, budget.bytes) == (0, 0)
 
 
 @ONE_KIND

@@ -11,11 +11,14 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import logging
 import os
 import posixpath
 import re
+import select
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -397,18 +400,25 @@ def _fake_site(root: Path) -> Path:
 
 
 @contextlib.contextmanager
-def _preview(site: Path, **kwargs):
+def _serving(site: Path, **kwargs):
+    """A preview server of `site`, serving in a thread meanwhile."""
     from vit_deploy.web import make_server
 
     server = make_server(site, port=0, **kwargs)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield server.server_address[1]
+        yield server
     finally:
         server.shutdown()
         server.server_close()
         thread.join(10)
+
+
+@contextlib.contextmanager
+def _preview(site: Path, **kwargs):
+    with _serving(site, **kwargs) as server:
+        yield server.server_address[1]
 
 
 def _get(port: int, raw_path: str) -> tuple[int, bytes]:
@@ -473,29 +483,151 @@ def test_preview_closes_idle_connections_after_its_timeout(tmp_path, opening):
         assert _get(port, "/index.html")[0] == 200
 
 
-def test_preview_bounds_its_connections(tmp_path):
+BIG = 8 * 1024 * 1024  # a model file a client reads slowly, or not at all
+
+
+def _big_site(tmp_path: Path) -> Path:
     site = _fake_site(tmp_path)
-    with _preview(site, timeout=5.0, max_connections=4) as port:
-        held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(4)]
-        time.sleep(0.2)  # all four have their threads
-        extra = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(20)]
-        for s in extra:  # closed on arrival
-            s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+    (site / "bundle" / "model.onnx").write_bytes(b"\x08" * BIG)  # listed; sizes not checked
+    return site
+
+
+def _answered_or_closed(socks: list[socket.socket], within: float) -> list[float]:
+    """When (time.monotonic()) each of `socks` was answered or closed by the server, in
+    their order; inf for one still open after `within` seconds."""
+    when = {s: float("inf") for s in socks}
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and any(t == float("inf") for t in when.values()):
+        live = [s for s, t in when.items() if t == float("inf")]
+        for s in select.select(live, [], [], 0.05)[0]:
+            when[s] = time.monotonic()
+    return [when[s] for s in socks]
+
+
+@contextlib.contextmanager
+def _slowloris(socks: list[socket.socket], every: float):
+    """Each of `socks` sends one more byte of a request every `every` seconds (a header
+    line that never ends) until the server answers or closes it."""
+    stop = threading.Event()
+
+    def drip():
+        live = list(socks)
+        while live and not stop.wait(every):
+            done = select.select(live, [], [], 0)[0]
+            live = [s for s in live if s not in done]
+            for s in live:
+                try:
+                    s.send(b"a")
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=drip, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+def _get_within(port: int, path: str, seconds: float) -> int:
+    t0 = time.monotonic()
+    status, _ = _get(port, path)
+    assert time.monotonic() - t0 < seconds
+    return status
+
+
+@pytest.mark.parametrize("opening", [b"G", b"GET /index.html HTTP/1.1\r\nHost: x\r\nX-Slow: ",
+                                     b"GET /bundle/model.onnx"],
+                         ids=["request-line", "headers", "path"])
+def test_preview_cuts_slowloris_at_its_request_deadline_and_still_answers(tmp_path, opening):
+    # 16 connections each sending a byte every 0.2 s (no read is ever silent for the 1 s
+    # timeout), twice the 8 connections served at once: normal GETs are answered
+    # meanwhile (the oldest slow one makes way), and every slow one is closed within the
+    # timeout of its connect, not held as long as it keeps dripping.
+    site = _fake_site(tmp_path)
+    with _preview(site, timeout=1.0, max_connections=8) as port:
+        socks = []
+        opened = []
+        for _ in range(16):
+            socks.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+            opened.append(time.monotonic())
+            socks[-1].sendall(opening)
+        with _slowloris(socks, 0.2):
+            for _ in range(5):
+                assert _get_within(port, "/index.html", 1.0) == 200
+            closed = _answered_or_closed(socks, within=3.0)
+        late = [round(c - o, 2) for o, c in zip(opened, closed) if c - o > 1.0 + 0.8]
+        assert not late, late  # the deadline, not the per-read timeout
+        for s in socks:
+            s.close()
+        assert _get_within(port, "/", 1.0) == 200
+
+
+@pytest.mark.parametrize("how", ["mid-answer", "mid-headers", "before-answer"])
+def test_preview_clients_that_go_away_are_one_quiet_line_each(tmp_path, caplog, capsys, how):
+    site = _big_site(tmp_path)
+    caplog.set_level(logging.DEBUG, logger="vit_deploy.web")
+    with _serving(site, timeout=1.0, max_connections=64) as server:
+        port = server.server_address[1]
+        for _ in range(4):
+            socks = [socket.create_connection(("127.0.0.1", port), timeout=10)
+                     for _ in range(32)]
+            for s in socks:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                if how == "mid-headers":
+                    s.sendall(b"GET /bundle/model.onnx HTTP/1.1\r\nHost")
+                else:
+                    s.sendall(b"GET /bundle/model.onnx HTTP/1.0\r\n\r\n")
+            for s in socks:
+                if how == "mid-answer":
+                    s.recv(1000)  # the answer has begun
+                s.close()  # a reset (linger 0), as a browser tab that is closed
+        deadline = time.monotonic() + 10
+        while server.live and time.monotonic() < deadline:  # each thread hears of it
+            time.sleep(0.05)
+        assert not server.live
+        assert _get_within(port, "/index.html", 1.0) == 200
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "Exception occurred" not in err, err[-2000:]
+    records = [r for r in caplog.records if r.name == "vit_deploy.web"]
+    assert 0 < len(records) <= 128, how  # they went away, and at most one line each
+    assert all(r.levelno == logging.DEBUG and r.exc_info is None and "\n" not in r.getMessage()
+               for r in records), [r.getMessage() for r in records if r.levelno > logging.DEBUG]
+
+
+def test_preview_bounds_its_connections(tmp_path):
+    # 4 connections being answered (downloads their clients do not read) hold the 4 slots:
+    # a new connection is closed on arrival. Connections waiting for their request make way.
+    site = _big_site(tmp_path)
+    with _serving(site, timeout=5.0, max_connections=4) as server:
+        port = server.server_address[1]
+        waiting = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
+        time.sleep(0.2)
+        assert _get_within(port, "/", 1.0) == 200
+        held = []
+        for _ in range(4):
+            held.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+            held[-1].sendall(b"GET /bundle/model.onnx HTTP/1.0\r\n\r\n")
+        deadline = time.monotonic() + 5
+        while sum(not w for w in server.live.values()) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(server.live) == 4 and not any(server.live.values())  # all answering
+        assert all(t < float("inf") for t in _answered_or_closed(waiting, 1.0))  # made way
+        for _ in range(20):
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
             try:
-                assert s.recv(65536) == b""
+                s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+                assert s.recv(65536) == b""  # closed on arrival
             except ConnectionResetError:
                 pass
             s.close()
-        for s in held:
+        for s in held + waiting:
             s.close()
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:  # the held slots come back
-            try:
-                if _get(port, "/")[0] == 200:
-                    break
-            except (ConnectionResetError, IndexError, ValueError):
-                time.sleep(0.1)
-        assert _get(port, "/")[0] == 200
+        while server.live and time.monotonic() < deadline:  # the held slots come back
+            time.sleep(0.05)
+        assert _get_within(port, "/", 1.0) == 200
 
 
 # -- Chromium ----------------------------------------------------------------------------------

@@ -26,12 +26,17 @@ network either way.
 from __future__ import annotations
 
 import functools
+import io
 import json
+import logging
 import mmap
 import os
 import posixpath
 import shutil
+import socket
+import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -46,6 +51,8 @@ from vit_deploy.runtime.model_scan import inspect_model
 from vit_deploy.web_files import (ENTRIES, LIB_DIR, MODULE, NODE_ONLY, ORT_DIST,  # noqa: F401
                                   ORT_FILES, ORT_PACKAGE, ORT_WASM_ONLY, PACKAGED_DIR, PAGE,
                                   site_modules)
+
+log = logging.getLogger(__name__)
 
 WEB_FORMAT = "vit-deploy-web"
 WEB_RECORD = "web.json"  # beside the site's copy of the manifest; the runtime reads it
@@ -252,8 +259,8 @@ def _relative_to_model(model: str, files: list[str]) -> list[str]:
 
 
 # -- the local preview server ------------------------------------------------------------
-PREVIEW_TIMEOUT_S = 10.0  # a connection silent this long (per read) is closed
-PREVIEW_CONNECTIONS = 64  # connections served at once; more are closed on arrival
+PREVIEW_TIMEOUT_S = 10.0  # for a request's line and headers, and for any one read or write
+PREVIEW_CONNECTIONS = 64  # at once; past that the oldest one waiting for a request makes way
 
 
 def site_files(root: str | Path) -> frozenset[str]:
@@ -283,12 +290,32 @@ class SiteHandler(SimpleHTTPRequestHandler):
     modules and WebAssembly need and, unless `isolation` is off, the COOP/COEP headers
     that make the page cross-origin isolated. Anything else is 404: unlisted files,
     dotfiles, directories, and a listed name that resolves through a symlink (out of the
-    site or not). A connection silent for `timeout` seconds is closed."""
+    site or not). A request's line and headers must arrive within `timeout` seconds (a
+    byte every few seconds is not a request), and a connection silent that long is
+    closed."""
 
     extensions_map = MIME_TYPES
     isolation = True
     files: frozenset[str] = frozenset()
     timeout = PREVIEW_TIMEOUT_S  # socket timeout per read (StreamRequestHandler applies it)
+    server: SiteServer
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the socket's own reader: one that keeps the deadline instead
+        self.reader = _DeadlineReader(self.connection, self.timeout)
+        self.rfile = io.BufferedReader(self.reader)
+
+    def handle_one_request(self) -> None:
+        self.reader.deadline = time.monotonic() + self.timeout
+        self.server.waiting(self.request, True)
+        super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()  # reads the headers
+        self.reader.deadline = None
+        self.server.waiting(self.request, False)
+        return ok
 
     def site_path(self) -> str | None:
         """The real path of the requested file if the site lists it and no symlink is on
@@ -330,33 +357,84 @@ class SiteHandler(SimpleHTTPRequestHandler):
         pass  # quiet: the command prints its URL; a browser's requests are not news
 
 
+class _DeadlineReader(io.RawIOBase):
+    """A socket's reads, each within `timeout` seconds and, while `deadline` is set (a
+    request's line and headers are arriving), within what is left until it: a per-read
+    timeout alone lets a client that sends a byte every few seconds hold a connection."""
+
+    def __init__(self, sock: socket.socket, timeout: float):
+        self.sock, self.timeout = sock, timeout
+        self.deadline: float | None = None  # time.monotonic()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        wait = self.timeout
+        if self.deadline is not None:
+            wait = min(wait, self.deadline - time.monotonic())
+            if wait <= 0:
+                raise TimeoutError(f"the request did not arrive within {self.timeout:g} s")
+        self.sock.settimeout(wait)
+        try:
+            return self.sock.recv_into(buffer)
+        finally:
+            self.sock.settimeout(self.timeout)  # what writes get
+
+
 class SiteServer(ThreadingHTTPServer):
-    """A thread per connection, at most `max_connections` at once: one past that is
-    closed on arrival (a thread and a descriptor each is what a client could pile up)."""
+    """A thread per connection, at most `max_connections` at once (a thread and a
+    descriptor each is what a client could pile up). Past that, a new connection closes
+    the oldest one still waiting for its request (idle, or headers arriving slowly), else
+    it is closed itself: slow clients cannot keep a browser's GET out. A client that goes
+    away mid-answer is one debug line, not a traceback."""
 
     daemon_threads = True
+    request_queue_size = 128  # the accept backlog (socketserver's 5: a burst waits 1 s+)
 
     def __init__(self, address, handler, max_connections: int = PREVIEW_CONNECTIONS):
         if max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {max_connections}")
-        self.slots = threading.BoundedSemaphore(max_connections)
+        self.max_connections = max_connections
+        self.lock = threading.Lock()
+        self.live: dict[socket.socket, bool] = {}  # oldest first: waiting for a request?
         super().__init__(address, handler)
 
     def process_request(self, request, client_address) -> None:
-        if not self.slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self.slots.release()
-            raise
+        with self.lock:
+            if len(self.live) >= self.max_connections:
+                victim = next((s for s, waiting in self.live.items() if waiting), None)
+                if victim is None:  # every one is being answered
+                    super().shutdown_request(request)
+                    return
+                del self.live[victim]
+                try:  # its thread's read ends (EOF) and it closes the socket
+                    victim.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            self.live[request] = True
+        super().process_request(request, client_address)
 
-    def process_request_thread(self, request, client_address) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.slots.release()
+    def waiting(self, request, waiting: bool) -> None:
+        """Whether this connection is waiting for a request (then it may make way)."""
+        with self.lock:
+            if request in self.live:
+                self.live[request] = waiting
+
+    def shutdown_request(self, request) -> None:
+        with self.lock:  # not closed while process_request may be shutting it down
+            self.live.pop(request, None)
+        super().shutdown_request(request)
+
+    def handle_error(self, request, client_address) -> None:
+        """One line, never a traceback: a debug line for a client that went away or was
+        too slow (a browser cancels requests all the time), a warning for anything else."""
+        e = sys.exc_info()[1]
+        what = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        if isinstance(e, (ConnectionError, TimeoutError)):
+            log.debug("preview: %s went away: %s", client_address[0], what)
+        else:
+            log.warning("preview: a request from %s failed: %s", client_address[0], what)
 
 
 def make_server(root: str | Path, host: str = "127.0.0.1", port: int = 8080, *,

@@ -24,8 +24,10 @@ inference request's life, for both protocols) and `run` (`serve`: bind, then run
 One bad request never harms the next: whatever fails in the batching worker is answered
 to the request(s) it belongs to, the worker loop itself keeps going, and /health answers
 503 if it stopped. Hostile clients meet `limits.Limits` (one frozen dataclass, carried by
-the app to `serve`): deadlines for headers and bodies, a bound on open connections, sizes
-checked from what is declared before anything is read or decoded, a budget of bodies read
-and bytes held at once, non-finite numbers refused in inputs and never sent as JSON, and
-a repeated log message logged once, then at most once per `connections.LOG_REPEAT_S`.
+the app to `serve`): deadlines for headers and bodies, a minimum rate for bodies, a bound
+on open connections, sizes checked from what is declared before anything is read or
+decoded, a budget of bodies parsed and bytes held at once (taken as bodies arrive, so slow
+senders hold next to nothing and never keep fast ones out), non-finite numbers refused in
+inputs and never sent as JSON, and a repeated log message logged once, then at most once
+per `connections.LOG_REPEAT_S`.
 """

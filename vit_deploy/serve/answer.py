@@ -23,9 +23,10 @@ log = logging.getLogger(__name__)
 async def answer(request: Request, endpoint: str, *, metrics: Metrics, budget: BodyBudget,
                  submit: Callable[[BodyClaim], Awaitable[asyncio.Future]],
                  respond: Callable[[Any], Awaitable[Response]]) -> Response:
-    """Submit (reading the request under a claim on the body budget), wait for the
-    batch worker, respond; every failure answered to this request and counted under
-    `endpoint`. The claim's bytes are held until the answer."""
+    """Submit (reading the request under a claim on the body budget: its bytes as they
+    arrive, a parsing slot once all have), wait for the batch worker, respond; every
+    failure answered to this request and counted under `endpoint`. The claim's bytes are
+    held until the answer."""
     t0 = time.perf_counter()
     claim: BodyClaim | None = None
     try:

@@ -2,10 +2,11 @@
 
 - `GuardedH11Protocol`, uvicorn's h11 protocol with deadlines: the request line and
   headers must arrive within `header_timeout_s` (from the connection, or from the previous
-  answer on a kept-alive one), a body within `body_timeout_s` of its headers, else 408 and
-  the connection closes;
+  answer on a kept-alive one), a body within `body_timeout_s` of its headers and at
+  `min_body_rate` bytes/s over each `body_window_s`, else 408 and the connection closes;
 - `Connections`: at most `max_connections` are open, and a new one past that closes the
-  oldest one that is not being answered (idle, or half-open);
+  oldest one that is not being answered (idle, or half-open), else the one that has been
+  sending its body longest (408): a slow sender never keeps a fast client out;
 - `RepeatFilter`: a message repeated by a flood (accept errors, invalid requests) is
   logged once, then at most once per `LOG_REPEAT_S` with a count of what was left out."""
 
@@ -82,8 +83,9 @@ def quiet_floods(every: float = LOG_REPEAT_S) -> Iterator[RepeatFilter]:
 class Connections:
     """The open connections of one server, oldest first, and their limit. Past the limit
     a new connection closes the oldest one that is not being answered (half-open, idle
-    between requests, or draining a body already answered); if every one is being
-    answered, the new one is closed."""
+    between requests, or draining a body already answered), else the one that has been
+    sending its body longest (408: a fast body takes a moment, so that one is the slowest);
+    if every one is being answered, the new one is closed."""
 
     def __init__(self, limit: int):
         self.limit = limit
@@ -94,12 +96,18 @@ class Connections:
         self.open[conn] = None
         if len(self.open) <= self.limit:
             return
-        victim = next((c for c in self.open if c is not conn and c.idle()), conn)
+        others = [c for c in self.open if c is not conn]
+        victim = next((c for c in others if c.idle()), None) or min(
+            (c for c in others if c.reading_body()), key=lambda c: c.body_since, default=conn)
         self.open.pop(victim, None)
         self.closed += 1
         log.warning("%d connections are open (the limit): closed the oldest one not being "
-                    "answered (%d so far)", self.limit, self.closed)
-        victim.transport.close()
+                    "answered, or the slowest body (%d so far)", self.limit, self.closed)
+        if victim.reading_body():
+            victim.time_out(f"{self.limit} connections are open (the server's limit) and "
+                            f"this request's body was the slowest to arrive")
+        else:
+            victim.transport.close()
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -107,8 +115,10 @@ class GuardedH11Protocol(H11Protocol):
     subclass per server with `limits` and `registry` set):
     - waiting for a request (connect, or the previous answer): the request line and headers
       within `header_timeout_s`, else 408 (if some of them came) and close;
-    - reading a body: all of it within `body_timeout_s` of the headers, else 408 (if the
-      app has not answered yet) and close; the app reads a disconnect and stops;
+    - reading a body: all of it within `body_timeout_s` of the headers, and at least
+      `min_body_rate` bytes/s over each `body_window_s` (a trickle is cut in seconds, not
+      at the body timeout), else 408 (if the app has not answered yet) and close; the app
+      reads a disconnect and stops;
     - the app working on a request: no deadline here (the batcher's queue is bounded)."""
 
     limits: Limits
@@ -116,6 +126,8 @@ class GuardedH11Protocol(H11Protocol):
 
     _timer: asyncio.TimerHandle | None = None
     _phase: str | None = None
+    body_since = 0.0  # loop time the current body's headers arrived
+    _window_bytes = 0  # of the body, since the last rate check
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -128,6 +140,8 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._phase == "body":
+            self._window_bytes += len(data)
         super().data_received(data)
         self._update()
 
@@ -138,6 +152,10 @@ class GuardedH11Protocol(H11Protocol):
     def idle(self) -> bool:
         """Not being answered: no request, or its answer is complete."""
         return self.cycle is None or self.cycle.response_complete
+
+    def reading_body(self) -> bool:
+        """Its body is arriving and the app has not answered it yet."""
+        return self._phase == "body" and not self.idle()
 
     def _current_phase(self) -> str | None:
         if self.transport.is_closing():
@@ -159,27 +177,56 @@ class GuardedH11Protocol(H11Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if phase is not None:
-            delay = (self.limits.header_timeout_s if phase == "headers"
-                     else self.limits.body_timeout_s)
-            self._timer = self.loop.call_later(delay, self._expired, phase)
-
-    def _expired(self, phase: str) -> None:
-        self._timer = None
-        if self.transport.is_closing() or self._current_phase() != phase:
-            return
         if phase == "headers":
-            if self.conn.trailing_data[0]:  # part of a request came, not all of it
-                self._write_408(f"the request line and headers did not arrive within "
-                                f"{self.limits.header_timeout_s:g} s (the header timeout)")
-        elif self.cycle is not None and not self.cycle.response_started:
+            self._timer = self.loop.call_later(self.limits.header_timeout_s, self._headers_late)
+        elif phase == "body":
+            self.body_since, self._window_bytes = self.loop.time(), 0
+            self._timer = self.loop.call_later(
+                min(self.limits.body_window_s, self.limits.body_timeout_s), self._body_check)
+
+    def _headers_late(self) -> None:
+        self._timer = None
+        if self.transport.is_closing() or self._current_phase() != "headers":
+            return
+        if self.conn.trailing_data[0]:  # part of a request came, not all of it
+            self._write_408(f"the request line and headers did not arrive within "
+                            f"{self.limits.header_timeout_s:g} s (the header timeout)")
+        log.info("closed a connection: its headers did not arrive in time")
+        self.transport.close()
+
+    def _body_check(self) -> None:
+        """Past the body timeout, or under the minimum rate over the last window (unless
+        the app was not reading, its buffer full): 408. Else check again a window on."""
+        self._timer = None
+        if self.transport.is_closing() or self._current_phase() != "body":
+            return
+        limits = self.limits
+        left = self.body_since + limits.body_timeout_s - self.loop.time()
+        if left <= 0.001:
+            self.time_out(f"the request body did not arrive within {limits.body_timeout_s:g} "
+                          f"s of its headers (the body timeout)")
+            return
+        if self._window_bytes < limits.min_body_rate * limits.body_window_s \
+                and not self.flow.read_paused:
+            self.time_out(f"the request body arrived at under {limits.min_body_rate:g} bytes/s "
+                          f"({self._window_bytes} bytes in {limits.body_window_s:g} s; the "
+                          f"minimum body rate)")
+            return
+        self._window_bytes = 0
+        self._timer = self.loop.call_later(min(limits.body_window_s, left), self._body_check)
+
+    def time_out(self, message: str) -> None:
+        """Close this connection while its body is arriving: 408 with `message` if the app
+        has not answered yet, and the app's next receive is a disconnect."""
+        if self.transport.is_closing():
+            return
+        self._set_timer(None)
+        if self.cycle is not None and not self.cycle.response_started:
             self.cycle.scope[TIMED_OUT] = "body"  # type: ignore[literal-required]
             self.cycle.disconnected = True  # the app's next receive is a disconnect
             self.cycle.message_event.set()
-            self._write_408(f"the request body did not arrive within "
-                            f"{self.limits.body_timeout_s:g} s of its headers (the body "
-                            f"timeout)")
-        log.info("closed a connection: its %s did not arrive in time", phase)
+            self._write_408(message)
+        log.info("closed a connection: %s", message)
         self.transport.close()
 
     def _write_408(self, message: str) -> None:

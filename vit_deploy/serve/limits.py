@@ -1,10 +1,11 @@
 """What one request may cost: the `Limits` dataclass (carried by the app to `serve`, which
-reads its connection limits), the body budget (bodies read at once, bytes held until
+reads its connection limits), the body budget (bodies parsed at once, bytes held until
 answered), and reading a body or an image within them.
 
 Sizes are checked from what is declared before anything is read or decoded
 (Content-Length, image dimensions from the image header); bodies are counted as they
-arrive (chunked uploads too)."""
+arrive (chunked uploads too). Nothing shared is held on a client's clock: a body holds
+only the bytes that have arrived, and a parsing slot once all of it has."""
 
 import io
 import resource
@@ -33,11 +34,13 @@ class Limits:
 
     header_timeout_s: float = 10.0  # request line + headers, from connect or the last answer
     body_timeout_s: float = 60.0  # the whole body, from its headers (64 MB at ~1 MB/s)
+    min_body_rate: float = 8 * 1024  # bytes/s a body must average over each body_window_s
+    body_window_s: float = 5.0
     keep_alive_s: float = 5.0  # an idle kept-alive connection is closed after this
     shutdown_grace_s: float = SHUTDOWN_GRACE_S
     max_connections: int | None = None
-    max_bodies: int = 32  # request bodies being read and parsed at once
-    max_body_bytes: int = 256 * 1024 * 1024  # of bodies held, from reading to the answer
+    max_bodies: int = 32  # request bodies being parsed at once (once all of each arrived)
+    max_body_bytes: int = 256 * 1024 * 1024  # of bodies held, as they arrive to the answer
     max_image_bytes: int = MAX_IMAGE_BYTES
     max_image_pixels: int = 24_000_000  # width x height from the header (6000 x 4000)
     max_infer_bytes: int = MAX_INFER_BYTES
@@ -73,28 +76,34 @@ def connection_plan(limits: Limits) -> tuple[int, int]:
 
 
 class BodyBudget:
-    """How many request bodies are being read and parsed at once (`max_bodies`), and how
-    many bytes of bodies are held from their first byte until their request is answered
-    (`max_body_bytes`): past either, Failure(503) with Retry-After, before reading more.
-    Used from the event loop only."""
+    """How many request bodies are being parsed at once (`max_bodies`), and how many bytes
+    of bodies are held from their arrival until their request is answered
+    (`max_body_bytes`): past either, Failure(503) with Retry-After. A body takes its slot
+    once all of it has arrived and its bytes as they arrive, never what it only declares:
+    a client that sends slowly holds next to nothing, so slow clients cannot deny fast
+    ones. Used from the event loop only."""
 
     def __init__(self, max_bodies: int, max_bytes: int):
         self.max_bodies, self.max_bytes = max_bodies, max_bytes
         self.bodies = self.bytes = 0
 
     def claim(self) -> "BodyClaim":
-        if self.bodies >= self.max_bodies:
-            raise busy(f"{self.max_bodies} request bodies are being read (the limit)")
-        self.bodies += 1
         return BodyClaim(self)
 
 
 class BodyClaim:
-    """One request's share of a BodyBudget: a body slot until `parsed()`, bytes until
-    `release()`."""
+    """One request's share of a BodyBudget: bytes until `release()`, a parsing slot from
+    `arrived()` until `parsed()`."""
 
     def __init__(self, budget: BodyBudget):
-        self.budget, self.bytes, self.reading = budget, 0, True
+        self.budget, self.bytes, self.parsing = budget, 0, False
+
+    def fits(self, total: int) -> None:
+        """Failure(503) now, before reading, if `total` bytes could not be held beside what
+        is held now (nothing is reserved: a declared length is only a promise)."""
+        if self.budget.bytes - self.bytes + total > self.budget.max_bytes:
+            raise busy(f"{self.budget.bytes} bytes of requests are held and this one needs "
+                       f"{total} (the limit is {self.budget.max_bytes})")
 
     def need(self, total: int) -> None:
         """This request holds `total` bytes now (it only grows); Failure(503) if the
@@ -102,15 +111,22 @@ class BodyClaim:
         extra = total - self.bytes
         if extra <= 0:
             return
-        if self.budget.bytes + extra > self.budget.max_bytes:
-            raise busy(f"{self.budget.bytes} bytes of requests are held and this one needs "
-                       f"{total} (the limit is {self.budget.max_bytes})")
+        self.fits(total)
         self.budget.bytes += extra
         self.bytes = total
 
+    def arrived(self) -> None:
+        """The whole body is here: a parsing slot, or Failure(503) if all are taken."""
+        if self.parsing:
+            return
+        if self.budget.bodies >= self.budget.max_bodies:
+            raise busy(f"{self.budget.max_bodies} request bodies are being parsed (the limit)")
+        self.budget.bodies += 1
+        self.parsing = True
+
     def parsed(self) -> None:
-        if self.reading:
-            self.reading = False
+        if self.parsing:
+            self.parsing = False
             self.budget.bodies -= 1
 
     def release(self) -> None:
@@ -123,13 +139,13 @@ async def read_body(request: Request, limit: int, what: str = "image",
                     claim: BodyClaim | None = None) -> bytes:
     """The body, counted chunk by chunk: Failure(413) as soon as it passes `limit` bytes,
     whatever content-length said (or did not say, for a chunked upload). With a claim,
-    the declared length is claimed before the first byte is read, and what arrives past it
-    as it arrives."""
+    a declared length that cannot fit is 503 before the first byte is read, the bytes are
+    claimed as they arrive, and a parsing slot once all of them have."""
     declared = _declared_length(request)
     if declared is not None and declared > limit:
         raise Failure(413, f"{what} of {declared} bytes is over the limit of {limit} bytes")
     if claim is not None and declared:
-        claim.need(declared)
+        claim.fits(declared)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -139,6 +155,8 @@ async def read_body(request: Request, limit: int, what: str = "image",
         if claim is not None:
             claim.need(size)
         chunks.append(chunk)
+    if claim is not None:
+        claim.arrived()
     return b"".join(chunks)
 
 
