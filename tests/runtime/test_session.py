@@ -65,9 +65,30 @@ def test_cuda_that_cannot_run_is_an_error_not_a_silent_cpu_run(tiny_bundle):
     with pytest.raises(ProviderError, match=r"\['cuda'\] asked for but not active; active: "
                                             r"\['cpu'\].*onnxruntime says: .*(?i:fail)"):
         ViTSession(result.path, provider="cuda")
-    with pytest.warns(RuntimeWarning, match="falling back"):
-        s = ViTSession(result.path, provider="cuda,cpu", fallback=True)
+    with pytest.raises(ProviderError, match=r"none of the providers asked for is active"):
+        ViTSession(result.path, provider="cuda,tensorrt")  # a list, none of it active
+    with pytest.warns(RuntimeWarning, match=r"running on cpu: provider\(s\) \['cuda', "
+                                            r"'tensorrt'\] asked for but not active"):
+        s = ViTSession(result.path, provider="cuda,tensorrt", fallback=True)
     assert s.providers == ["CPUExecutionProvider"]
+
+
+def test_a_provider_list_is_an_order_of_preference(tiny_bundle):
+    """'cuda,cpu' runs on the first active provider and says which (the README's first
+    snippet on a machine without CUDA)."""
+    _, result = tiny_bundle
+    with pytest.warns(RuntimeWarning, match=r"running on cpu \(the next in your order of "
+                                            r"preference\): provider\(s\) \['cuda'\]"):
+        s = ViTSession(result.path, provider="cuda,cpu")
+    assert s.providers == ["CPUExecutionProvider"] and "cuda" in s.fallback_reason
+    with pytest.warns(RuntimeWarning, match=r"\['coreml', 'cuda'\] asked for"):
+        s = ViTSession(result.path, provider=["coreml", "cuda", "cpu"])
+    assert s.providers == ["CPUExecutionProvider"]
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the first choice active: nothing to say
+        assert ViTSession(result.path, provider="cpu,cuda").providers[0] == "CPUExecutionProvider"
 
 
 def test_tampered_or_broken_bundles_are_refused(tiny_bundle, tmp_path):

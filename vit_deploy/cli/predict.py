@@ -16,7 +16,7 @@ from vit_deploy.runtime.contract import TARGETS
 @click.argument("images", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--provider", default="cpu", show_default=True,
               help="Provider alias or list in preference order (cpu, cuda, tensorrt, ...).")
-@click.option("--fallback", is_flag=True, help="Allow falling back to the next provider.")
+@click.option("--fallback", is_flag=True, help="Run on what ONNX Runtime falls back to (CPU) when none of --provider is active (a list already runs on its first active provider).")
 @click.option("--precision", default="fp32", show_default=True)
 @click.option("--top-k", type=click.IntRange(1, 1_000_000), default=5, show_default=True)
 @click.option("--resize", type=click.Choice(["shorter_side_center_crop", "patch_multiple"]),

@@ -111,12 +111,18 @@ def _session_options(options: RuntimeOptions) -> ort.SessionOptions:
 
 def _create_session(path: Path, requested: list[Provider], options: RuntimeOptions,
                     fallback: bool) -> tuple[ort.InferenceSession, str | None, bool]:
+    """A session on the providers asked for. One provider is strict: ProviderError unless
+    it is active. A list is an order of preference: the session runs on the first active
+    one (warning, with ONNX Runtime's reason, when that is not the first asked for), and is
+    a ProviderError only when none of them is. `fallback` also allows what ORT falls back
+    to (its CPU provider) when none of them is."""
     listed = available()
     missing = [p.name for p in requested if p.name not in listed]
-    if missing and not fallback:
+    usable = [p for p in requested if p.name in listed]
+    if not usable and not fallback:
         raise ProviderError(f"provider(s) {[short_name(m) for m in missing]} asked for, but this "
                             f"onnxruntime build lists only {[short_name(a) for a in listed]}")
-    usable = [p for p in requested if p.name in listed] or [Provider(CPU)]
+    usable = usable or [Provider(CPU)]
     so = _session_options(options)
     cache = (OptimizedGraphCache(path, usable, options.optimization)
              if options.cache_optimized else None)
@@ -134,13 +140,21 @@ def _create_session(path: Path, requested: list[Provider], options: RuntimeOptio
     inactive = [p.name for p in requested if p.name not in active]
     reason = None
     if inactive:
-        why = failure_reason(log[0]) if not missing else "not in this onnxruntime build"
+        why = "; ".join(
+            ([f"{[short_name(m) for m in missing]} not in this onnxruntime build"] if missing
+             else []) + ([failure_reason(log[0])] if len(missing) < len(inactive) else []))
         reason = (f"provider(s) {[short_name(p) for p in inactive]} asked for but not active; "
                   f"active: {[short_name(a) for a in active]}; listed by this onnxruntime: "
                   f"{[short_name(a) for a in listed]}; onnxruntime says: {why}")
-        if not fallback:
-            raise ProviderError(reason)
-        warnings.warn(f"falling back: {reason}", RuntimeWarning, stacklevel=3)
+        preferred = [p.name for p in requested if p.name in active]
+        if not preferred and not fallback:
+            raise ProviderError(reason if len(requested) == 1 else
+                                f"none of the providers asked for is active: {reason}")
+        if requested[0].name not in active:  # not the first choice: say so
+            ran = short_name(active[0])
+            warnings.warn(f"running on {ran}"
+                          f"{' (the next in your order of preference)' if preferred else ''}: "
+                          f"{reason}", RuntimeWarning, stacklevel=3)
     elif log[0].strip():
         sys.stderr.write(log[0])  # nothing failed: do not hide what ORT said
     if cache and not inactive:

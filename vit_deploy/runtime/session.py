@@ -43,10 +43,12 @@ class InputError(VitDeployError, ValueError):
 class ViTSession:
     """A context-managed ONNX Runtime session over a bundle directory or a .onnx file.
 
-    Providers are checked after the session is created: asking for one that is not
-    active is a ProviderError (strict, the default) naming what was asked, what is
-    active and ONNX Runtime's reason; with fallback=True the session runs on what is
-    active, warns, and `providers` says what really runs. Safe to share between threads.
+    Providers are checked after the session is created. One provider is strict: if it is
+    not active, a ProviderError names what was asked, what is active and ONNX Runtime's
+    reason. A list ('cuda,cpu') is an order of preference: the session runs on the first
+    active one, warns when that is not the first asked for, and fails only when none is.
+    fallback=True also runs on what ONNX Runtime falls back to (CPU) when none is.
+    `providers` says what really runs. Safe to share between threads.
     """
 
     def __init__(self, model: str | Path, *, provider: ProviderSpec | Sequence[ProviderSpec] = "cpu",

@@ -151,3 +151,16 @@ test('every run method after release() says the ViT was released', async () => {
   await assert.rejects(vit.runAll(new Float32Array(3 * 64), [1, 3, 8, 8]), released);
   await assert.rejects(vit.check(), released);
 });
+
+test('a backend is a name or an order of preference, checked as Python checks providers', async () => {
+  const { backendPreference } = await import('../src/lib/common.mjs');
+  assert.deepEqual(backendPreference('webgpu,wasm', ['webgpu', 'wasm']), ['webgpu', 'wasm']);
+  assert.deepEqual(backendPreference(' auto ', ['cpu']), ['auto']);
+  for (const bad of ['', ',', 'cuda', 'webgpu,cuda', 5, null, ['wasm']]) {
+    assert.throws(() => backendPreference(bad, ['webgpu', 'wasm']),
+      /backend must be 'auto', one of \["webgpu","wasm"\] or a comma-separated order/);
+  }
+  const { loadOrt } = await import('../src/lib/platform-node.mjs');
+  await assert.rejects(loadOrt('wasm'), /backend must be 'auto', one of \["cpu"\]/);
+  assert.equal((await loadOrt('cpu')).backend, 'cpu');
+});

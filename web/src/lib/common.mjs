@@ -107,3 +107,17 @@ export function guardMemory(height, width, config, { batch = 1, available = null
   }
   return need;
 }
+
+/**
+ * A backend option as an order of preference, as Python's provider lists: 'auto', one name,
+ * or 'webgpu,wasm' (a list: the first that runs here is used and reported). An Error naming
+ * the choices for anything else.
+ */
+export function backendPreference(backend, known) {
+  const names = typeof backend === 'string' ? backend.split(',').map((b) => b.trim()).filter(Boolean) : [];
+  if (!names.length || names.some((b) => b !== 'auto' && !known.includes(b))) {
+    throw new Error(`backend must be 'auto', one of ${show(known)} or a comma-separated order of ` +
+      `preference of them, got ${show(backend)}`);
+  }
+  return names;
+}

@@ -1,7 +1,7 @@
 // The browser: what only a browser does, behind the interface both platform modules share
 // (see vit.mjs's ViT.load). Files over fetch(), decoding by the browser's own decoders,
 // onnxruntime-web on WebGPU or WebAssembly, WebAssembly threads and cross-origin isolation.
-import { ImageError } from './common.mjs';
+import { backendPreference, ImageError, show } from './common.mjs';
 import { checkPixels } from './decode.mjs';
 import { fetchBytes, fetchText } from './fetch.mjs';
 
@@ -73,18 +73,23 @@ export async function decode(src) {
 }
 
 /** onnxruntime-web from `ortBase`: its WebGPU build when the browser offers an adapter
- * (and `backend` allows it), else the WebAssembly build; `noGpuReason` says why not. */
+ * and `backend` prefers it ('auto', 'webgpu', or a list such as 'webgpu,wasm' in order of
+ * preference), else the WebAssembly build; `noGpuReason` says why not. A single 'webgpu'
+ * is strict: an Error where there is no adapter. */
 export async function loadOrt(backend, ortBase) {
+  const order = [...new Set(backendPreference(backend, ['webgpu', 'wasm']))];
   let adapter = null;
-  let reason = null;
-  if (backend === 'auto' || backend === 'webgpu') {
+  let reason = `${order[0]} comes first in ${show(backend)}`;
+  if (order[0] === 'auto' || order[0] === 'webgpu') {
     try {
       adapter = globalThis.navigator?.gpu ? await navigator.gpu.requestAdapter() : null;
       if (!adapter) reason = globalThis.navigator?.gpu ? 'the browser offers no WebGPU adapter' : 'this browser has no WebGPU';
     } catch (e) {
       reason = `WebGPU adapter request failed (${e.message})`;
     }
-    if (!adapter && backend === 'webgpu') throw new Error(`backend webgpu was asked for, but ${reason}`);
+    if (!adapter && order.length === 1 && order[0] === 'webgpu') {
+      throw new Error(`backend webgpu was asked for, but ${reason}`); // one backend: strict
+    }
   }
   const file = adapter ? 'ort.webgpu.min.mjs' : 'ort.wasm.min.mjs';
   const ort = await import(new URL(file, ortBase).href);

@@ -6,7 +6,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 
-import { BundleError, ImageError, MAX_PIXELS, show } from './common.mjs';
+import { backendPreference, BundleError, ImageError, MAX_PIXELS, show } from './common.mjs';
 import { checkPixels, exifOrientation, orient } from './decode.mjs';
 import { fetchBytes, fetchText } from './fetch.mjs';
 
@@ -114,11 +114,10 @@ export function quietOrt(env) {
   if (env.VIT_DEPLOY_ORT_TELEMETRY !== '1') env.ORT_DISABLE_TELEMETRY = '1';
 }
 
-/** onnxruntime-node, whose one backend is the CPU (`ortBase` is the browser's). */
+/** onnxruntime-node, whose one backend is the CPU (`ortBase` is the browser's): 'auto' or
+ * 'cpu'; anything else is an Error naming the choices. */
 export async function loadOrt(backend) {
-  if (backend !== 'auto' && backend !== 'cpu') {
-    throw new Error(`in Node the backend is onnxruntime-node's cpu; got ${show(backend)}`);
-  }
+  backendPreference(backend, ['cpu']); // Node has one backend: 'auto', 'cpu' or 'cpu,cpu'
   quietOrt(process.env);
   try {
     return { ort: await import('onnxruntime-node'), backend: 'cpu' };
