@@ -3,15 +3,18 @@ and check reports, Node's `vit.check()`, the page's download: report_schema.py).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vit_deploy.bench_report import BenchReport
+from vit_deploy.bench_report import BenchReport, parse_report, read_report
 from vit_deploy.report_schema import Cell, Column, ReportError, check_column, is_schema
 from vit_deploy.runtime.sizes import format_resolution
+
+
+REPORT_KINDS = ("a vit-deploy report (bench --json, check --json, Node's vit.check(), the "
+                "page's download)")
 
 
 @dataclass
@@ -89,19 +92,13 @@ def bench_column(name: str, report: BenchReport) -> Column:
 
 
 def load_column(path: str | Path) -> Column:
-    """A saved report of any runtime as a column (ReportError if it is not one)."""
-    try:
-        text = Path(path).read_bytes()
-    except OSError as e:
-        raise ReportError(f"cannot read bench report {str(path)!r}: {e.strerror or e}") from None
+    """A saved report of any runtime as a column (ReportError if it is not one). Read and
+    parsed as BenchReport.load does: a regular file only, JSON a report can hold."""
     source = repr(str(path))
-    try:
-        data = json.loads(text)
-    except (ValueError, UnicodeDecodeError):
-        data = None  # BenchReport says why
+    data = parse_report(read_report(path), source=source, what=REPORT_KINDS)
     if is_schema(data) and data.get("kind") == "check":
         return check_column(str(path), data, source)
-    return bench_column(str(path), BenchReport.from_json(text, source=source))
+    return bench_column(str(path), BenchReport.from_dict(data, source=source))
 
 
 def compare_reports(paths: Sequence[str | Path]) -> Comparison:

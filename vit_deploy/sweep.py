@@ -176,6 +176,7 @@ def run_sweep(checkpoint: str | Path, options: SweepOptions = SweepOptions(), *,
     cfg = base.cfg
     patches = options.patches or (cfg.patch_size,)
     resolution = options.resolution or cfg.img_size
+    _check_patches(patches, resolution, cfg, given_res=options.resolution is not None)
     merges = [parse_merge(m, cfg.depth) for m in options.merges]  # refuses bad specs up front
     inputs = _eval_inputs(options.eval_set, resolution, cfg)
     points: list[tuple[SweepPoint, Path]] = []
@@ -185,8 +186,7 @@ def run_sweep(checkpoint: str | Path, options: SweepOptions = SweepOptions(), *,
         reference = _forward_torch(base, inputs.x)
         for patch in patches:
             for merge, spec in zip(merges, options.merges):
-                model, _ = model_from_flags(checkpoint=checkpoint, patch=patch,
-                                            merge=spec if merge else None)
+                model = _configured(base, patch, merge)
                 bundle = Path(tmp) / f"p{patch}-m{'-'.join(map(str, merge)) or '0'}"
                 progress(f"exporting P{patch} merge {list(merge) or 0}")
                 result = export_bundle(model, bundle, options=ExportOptions(
@@ -215,6 +215,27 @@ def run_sweep(checkpoint: str | Path, options: SweepOptions = SweepOptions(), *,
                        points=[p for p, _ in points], seconds=time.perf_counter() - start,
                        skipped=skipped,
                        options=asdict(options) | {"resolution": list(resolution)})
+
+
+def _check_patches(patches: tuple[int, ...], resolution: tuple[int, int], cfg: Any, *,
+                   given_res: bool) -> None:
+    """Every patch size must tile the sweep's one resolution; refused before any export,
+    naming the checkpoint's own size (not a default model's)."""
+    own = f"img_size {format_resolution(cfg.img_size)}, patch {cfg.patch_size}"
+    for patch in patches:
+        if resolution[0] % patch or resolution[1] % patch:
+            where = (f"--res {format_resolution(resolution)} (the checkpoint has {own})"
+                     if given_res else f"the checkpoint's size (its {own})")
+            raise ValueError(f"--patch {patch} does not tile {where}: expected a patch size "
+                             f"that divides both sides")
+
+
+def _configured(base: Any, patch: int, merge: tuple[int, ...]) -> Any:
+    """The base model at another patch size and / or with token merging. Derived from the
+    loaded base, not reloaded with model_from_flags(patch=...): that builds a default
+    config first (ViT-B at 224), whose size a patch that fits the checkpoint may not tile."""
+    model = base.with_patch_size(patch)
+    return model.with_merging(merge) if merge else model
 
 
 @dataclass

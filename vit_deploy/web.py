@@ -48,7 +48,7 @@ from vit_deploy.runtime.references import REFERENCES_ROLE
 from vit_deploy.runtime.contract import MANIFEST_NAME
 from vit_deploy.runtime.manifest import load_manifest
 from vit_deploy.runtime.model_scan import inspect_model
-from vit_deploy.web_files import (ENTRIES, LIB_DIR, MODULE, NODE_ONLY, ORT_DIST,  # noqa: F401
+from vit_deploy.web_files import (ENTRIES, LIB_DIR, MODULE, NODE_ONLY, ORT_DIST, package_string,  # noqa: F401
                                   ORT_FILES, ORT_PACKAGE, ORT_WASM_ONLY, PACKAGED_DIR, PAGE,
                                   site_modules)
 
@@ -153,14 +153,13 @@ class WebSources:
         return self.root / ORT_DIST
 
     def pinned_ort_version(self) -> str:
-        package = json.loads((self.root / "package.json").read_text(encoding="utf-8"))
-        return str(package["dependencies"][ORT_PACKAGE])
+        return package_string(self.root / "package.json", "dependencies", ORT_PACKAGE)
 
     def installed_ort_version(self) -> str | None:
         path = self.ort_dist.parent / "package.json"
-        if not path.is_file():
+        if not path.exists() and not path.is_symlink():
             return None
-        return str(json.loads(path.read_text(encoding="utf-8"))["version"])
+        return package_string(path, "version")
 
 
 @dataclass(frozen=True)

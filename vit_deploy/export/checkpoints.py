@@ -19,7 +19,9 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import re
+import stat
 import warnings
 from pathlib import Path
 from collections.abc import Iterable, Mapping, Sequence
@@ -54,13 +56,42 @@ def save_weights(model: ViT, path: str | Path) -> Path:
     return write_bytes_atomic(path, save(state, metadata={CONFIG_KEY: model.cfg.to_json()}))
 
 
+def not_a_file(path: str | Path) -> str | None:
+    """Why `path` cannot be read as a checkpoint's file, or None when it can: a regular
+    file once symlinks are resolved. A link to /dev/zero or /dev/urandom would be read
+    until memory runs out, a FIFO blocks the reader forever: both are refused unopened."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return ("a broken link (to a file that does not exist)" if os.path.islink(path)
+                else "missing")
+    except OSError as e:
+        return f"unreadable ({e.strerror or e})"
+    if stat.S_ISREG(mode):
+        return None
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"))
+    kind = next((name for test, name in kinds if test(mode)), "not a regular file")
+    real = os.path.realpath(path)
+    return kind + (f" ({real!r})" if real != os.path.abspath(path) else "")
+
+
+def require_file(path: str | Path, what: str) -> None:
+    """CheckpointError naming `path` unless it is a regular file (not_a_file)."""
+    why = not_a_file(path)
+    if why == "missing":
+        raise CheckpointError(f"{what} {str(path)!r} does not exist")
+    if why is not None:
+        raise CheckpointError(f"{what} {str(path)!r} is {why}; expected a regular file")
+
+
 def read_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """(tensors, metadata) from .safetensors, or .pth/.pt/.bin loaded with weights_only=True.
 
     Keys must be strings and tensors floating point: anything else is not a set of weights."""
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {str(path)!r} does not exist or is not a file")
+    require_file(path, "checkpoint")
     if path.suffix == ".safetensors":
         try:
             from safetensors import safe_open
@@ -456,9 +487,10 @@ def load_hf(directory: Path) -> ViT:
     directory = Path(directory)
     where = str(directory)
     config_path = directory / "config.json"
-    if not config_path.is_file():
+    if not_a_file(config_path) == "missing":
         raise CheckpointError(f"{where!r} has no config.json: not a Hugging Face "
                               f"checkpoint directory")
+    require_file(config_path, "Hugging Face config")
     hf = _read_json(config_path)
     kind = hf.get("model_type")
     if isinstance(kind, str) and kind in TOWER_TYPES:
@@ -646,6 +678,7 @@ def _built(cfg: ViTConfig, ours: dict[str, torch.Tensor], *, where: str, ignored
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    require_file(path, "JSON file")
     try:
         data = json.loads(path.read_text())
     except (ValueError, OSError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
@@ -902,7 +935,7 @@ def _load_tower(directory: Path, kind: str, hf: dict[str, Any]) -> ViT:
 def _hf_state(directory: Path, where: str) -> dict[str, torch.Tensor]:
     """The tensors of a Hugging Face directory: model.safetensors, else pytorch_model.bin."""
     weights = [directory / n for n in ("model.safetensors", "pytorch_model.bin")
-               if (directory / n).is_file()]
+               if not_a_file(directory / n) != "missing"]  # the first there, file or not
     if not weights:
         raise CheckpointError(f"{where!r} has neither model.safetensors nor pytorch_model.bin")
     state, _ = read_state_dict(weights[0])

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vit_deploy.export.checkpoints import CheckpointError
+from vit_deploy.export.checkpoints import CheckpointError, not_a_file
 
 HUB_KINDS = ("hf", "timm")
 TIMM_ORG = "timm"
@@ -165,6 +165,11 @@ class _Fetcher:
                            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                            f"with HF_HUB_OFFLINE=1 the cache ({self.cache}) is used alone"
                            ) from None
+        why = not_a_file(path)  # a link to /dev/zero or a FIFO: refused, never opened
+        if why is not None:
+            raise HubError(f"{self.where()}: {filename} in the cache, {str(path)!r}, is {why}; "
+                           f"expected a regular file (remove it from the cache and fetch it "
+                           f"again)")
         if self.commit is None:
             self.commit = path.parent.name  # snapshots/<commit>/<file>
             if not re.fullmatch(r"[0-9a-f]{40}", self.commit):
