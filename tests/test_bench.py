@@ -11,23 +11,40 @@ from vit_deploy.bench_machine import environment
 from vit_deploy.cli import main
 
 
-def test_bench_interleaves_cases_with_a_torch_baseline(tiny_bundle):
+def test_bench_interleaves_cases_and_times_the_torch_baseline_alone(tiny_bundle):
+    """ONNX Runtime cases interleave in this process; the PyTorch baseline runs alone in a
+    fresh process (another pid, the threads asked for), with the same runs."""
     _, result = tiny_bundle
     report = run_bench(result.path, BenchOptions(resolutions=((16, 16), (32, 48)), batches=(1, 2),
-                                                 runs=6, warmup=1, sessions=2,
+                                                 threads=(1,), runs=6, warmup=1, sessions=2,
                                                  baseline_torch=True))
     assert len(report.cases) == 2 * 2 * 2  # (torch + cpu fp32) x resolutions x batches
     for case in report.cases:
         s = case.stats()
-        assert case.status == "ok" and s["runs"] == 6
+        assert case.status.startswith("ok") and s["runs"] == 6
         assert s["min_ms"] <= s["p50_ms"] <= s["p90_ms"] <= s["p99_ms"] <= s["max_ms"]
         assert s["images_per_s"] > 0
         assert case.cold_start_ms > 0
         if case.provider == "torch":
             assert case.ratio_to_torch is None
+            assert case.status == "ok: timed alone in its own process"
         else:
             assert case.provider == "cpu" and case.ratio_to_torch > 0
             assert len(case.session_medians_ms) == 2  # every session was used
+    assert report.to_dict()["passed"] is True
+
+
+def test_the_torch_baseline_process_is_another_process_with_the_threads_asked(tiny_bundle):
+    import os
+    import subprocess
+    import sys
+
+    _, result = tiny_bundle
+    r = subprocess.run([sys.executable, "-m", "vit_deploy.bench_torch", str(result.path), "16",
+                        "16", "1", "1", "0", "3", "none"], capture_output=True, text=True)
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["status"] == "ok" and out["threads"] == 1 and out["pid"] != os.getpid()
+    assert len(out["latencies_ms"]) == 3
 
 
 def test_case_statistics_from_known_latencies():

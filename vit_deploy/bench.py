@@ -1,8 +1,9 @@
 """Provider comparison: latency percentiles, throughput, cold start, memory.
 
-Cases that are compared run in one process, interleaved run by run, each over several
-fresh sessions (the same graph can land on latency levels ≈ 25 % apart from one session
-to the next, DESIGN.md), so ratios between them survive a noisy machine.
+ONNX Runtime cases that are compared run in one process, interleaved run by run, each
+over several fresh sessions (the same graph can land on latency levels about 25 % apart
+from one session to the next), so ratios between them survive a noisy machine. The
+PyTorch baseline runs alone in a fresh process first (bench_torch.py).
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ def run_bench(bundle: str | Path, options: BenchOptions = BenchOptions(),
                 progress(done, total)
         for case, _ in live:
             case.session_medians_ms = [float(np.median(s)) for s in per_session[id(case)] if s]
-        base = next((c for c, _ in live if c.provider == TORCH), None)
+        base = next((c for c, _ in runners if c.provider == TORCH and c.latencies_ms), None)
         for case, _ in runners:
             if base is not None and case.latencies_ms and case is not base:
                 case.ratio_to_torch = case.stats()["p50_ms"] / base.stats()["p50_ms"]
@@ -182,36 +183,40 @@ def _spinning(options: BenchOptions) -> bool | None:
         return options.spinning
     live = (options.sessions * len(options.providers) * len(options.precisions)
             * (2 if options.target else 1))
-    return False if live + options.baseline_torch > 1 else None
+    return False if live > 1 else None  # the torch baseline runs in its own process
 
 
 def _torch_runner(bundle: Path, x: np.ndarray, batch: int, hw, threads,
                   options: BenchOptions) -> tuple[CaseResult, list[Callable[[], Any]]]:
+    """The PyTorch eager baseline, measured alone in a fresh process (bench_torch.py) with
+    the same input, threads and runs: its latencies come back filled in, and it takes no
+    part in the interleaved rounds (in one process with ONNX Runtime it ran 20-45x slow)."""
+    import importlib.util
+    import json
+    import subprocess
+    import sys
+
     case = CaseResult(provider=TORCH, requested=TORCH, precision="fp32", resolution=tuple(hw),
                       batch=batch, threads=threads)
-    try:
-        import torch
-
-        from vit_deploy.export.checkpoints import load_model
-    except ImportError:
+    if importlib.util.find_spec("torch") is None:
         case.status = "unavailable: PyTorch is not installed (pip install 'vit-deploy[export]')"
         return case, []
-    manifest = load_manifest(bundle, verify=False)
-    if manifest.weights_file is None:
-        case.status = "unavailable: the bundle holds no PyTorch weights"
+    argv = [str(bundle), str(hw[0]), str(hw[1]), str(batch),
+            "default" if threads is None else str(threads), str(options.warmup),
+            str(options.runs), "none" if options.seconds is None else str(options.seconds)]
+    r = subprocess.run([sys.executable, "-m", "vit_deploy.bench_torch", *argv],
+                       capture_output=True, text=True)
+    lines = r.stdout.strip().splitlines()
+    if r.returncode != 0 or not lines:
+        why = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        case.status = f"unavailable: the PyTorch process failed ({why[:200]})"
         return case, []
-    weights = manifest.weights_file
-    rss0 = rss_mb()
-    t0 = time.perf_counter()
-    torch.set_num_threads(threads or (os.cpu_count() or 1))
-    model = load_model(manifest.resolve(bundle, weights))  # refused if it leaves the bundle
-    xt = torch.from_numpy(x)
-
-    def run() -> Any:
-        with torch.inference_mode():
-            return model(xt)
-
-    run()
-    case.cold_start_ms = (time.perf_counter() - t0) * 1000
-    case.memory_mb = rss_mb() - rss0
-    return case, [run]
+    out = json.loads(lines[-1])
+    if out["status"] != "ok":
+        case.status = out["status"]
+        return case, []
+    case.latencies_ms = out["latencies_ms"]
+    case.session_medians_ms = [float(np.median(out["latencies_ms"]))]
+    case.cold_start_ms, case.memory_mb = out["cold_start_ms"], out["memory_mb"]
+    case.status = "ok: timed alone in its own process"
+    return case, []
