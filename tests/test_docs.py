@@ -259,3 +259,39 @@ def test_every_test_the_guarantees_name_exists():
     rows = [line for line in text.splitlines()
             if line.startswith("| ") and not line.startswith(("| guarantee", "|---"))]
     assert rows and all("`tests/" in row.rsplit("|", 2)[1] for row in rows), rows
+
+
+# Names of files the tools write or ONNX Runtime's documentation holds, not ours to ship
+WRITTEN_NOT_SHIPPED = {"report.md", "c.md", "table.md", "coreml_supported_mlprogram_ops.md",
+                       "coreml_supported_neuralnetwork_ops.md"}
+
+
+def test_no_source_doc_or_help_cites_a_document_the_repository_does_not_hold():
+    """Every markdown file named in a tracked source, test, script or page is a file here (beside
+    the citing file, at the root, under docs/ or web/, or beside the package data): the
+    project's own docs hold what it cites."""
+    root = Path(__file__).resolve().parents[1]
+    tracked = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True,
+                             check=True).stdout.split()
+    cite = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w-]+\.md)\b")
+    bases = [root, root / "docs", root / "web", root / "vit_deploy" / "data",
+             root / "vit_deploy" / "data" / "photos"]
+    missing = []
+    for name in tracked:
+        if not name.endswith((".py", ".md", ".mjs", ".ts", ".toml", ".cfg", ".yml")) \
+                and name != "Makefile":
+            continue
+        text = (root / name).read_text(encoding="utf-8", errors="replace")
+        if name == "tests/test_docs.py":
+            continue  # this test names what must not be cited
+        for m in cite.finditer(text):
+            ref = m.group(1)
+            if Path(ref).name in WRITTEN_NOT_SHIPPED:
+                continue
+            if not any((base / ref).exists() for base in [(root / name).parent, *bases]):
+                missing.append(f"{name}: {ref}")
+    assert not missing, missing
+    help_text = "\n".join(main.get_command(click.Context(main), c).get_help(
+        click.Context(main.get_command(click.Context(main), c), info_name=c))
+        for c in main.list_commands(click.Context(main)))
+    assert "DESIGN.md" not in help_text

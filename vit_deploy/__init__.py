@@ -1,4 +1,4 @@
-"""vit-deploy: a Vision Transformer from PyTorch to the edge (docs/README.md).
+"""vit-deploy: a Vision Transformer from PyTorch to the edge (docs/index.md).
 
 Nothing sent: ONNX Runtime's official wheels collect telemetry (an event store under
 ~/.cache/Microsoft/DeveloperTools/, uploaded when a network is there) from the moment the

@@ -1,4 +1,4 @@
-"""ORT's own tools on an edge target's graphs (DESIGN.md: they judge mobile readiness, not
+"""ORT's own tools on an edge target's graphs (docs/edge-targets.md: they judge mobile readiness, not
 our opinion): the ORT-format converter and the mobile usability checker; and a probe
 session that reads a graph's intermediate tensors."""
 

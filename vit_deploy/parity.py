@@ -191,7 +191,7 @@ def _rows(out: Outputs) -> np.ndarray:
 
 def judge(ref: np.ndarray, out: np.ndarray, *, resolution: tuple[int, int], provider: str,
           precision: str = "fp32", output: str = LOGITS_NAME) -> ParityCase:
-    """Apply the tolerance policy of DESIGN.md to one comparison. Every output is judged by
+    """Apply the tolerance policy (docs/check-and-bench.md) to one comparison. Every output is judged by
     the same rule (max |Δ| scaled by the reference's largest value, and the cosine of each
     image's whole output); top-1 agreement is reported for logits."""
     policy = tolerance_class(precision)

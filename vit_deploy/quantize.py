@@ -2,7 +2,7 @@
 
 Only the linear layers are quantised: those inside the encoder blocks (qkv, proj, fc1,
 fc2) and the classifier head (measured harmless: docs/precisions.md); the patch embedding,
-position resampling, LayerNorm, Softmax and GELU stay float (DESIGN.md). Layers are named by module path (`blocks.3.mlp.fc2`), mapped to ONNX
+position resampling, LayerNorm, Softmax and GELU stay float (docs/precisions.md, "Recipes"). Layers are named by module path (`blocks.3.mlp.fc2`), mapped to ONNX
 node names through the metadata the exporter stores. Needs onnx + onnxruntime only.
 """
 

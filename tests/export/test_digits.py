@@ -70,7 +70,7 @@ def test_every_precision_keeps_the_accuracy(digits_bundle):
                                                                     else 0.99)
         acc = r.accuracy
         assert acc["fp32_top1"] >= 95.0
-        assert acc["drop"] <= 1.0, (precision, acc)  # DESIGN.md: within 1 point of fp32
+        assert acc["drop"] <= 1.0, (precision, acc)  # docs/check-and-bench.md: within 1 point of fp32
         assert acc["agreement"] >= 97.0
         if precision in manifest.precisions:
             assert manifest.precisions[precision]["accuracy"] == acc

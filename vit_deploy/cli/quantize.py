@@ -24,7 +24,7 @@ def quantize(bundle: Path, precisions: tuple[str, ...], force: bool, quiet: bool
     images (held-out photographs shipped with vit-deploy, or --eval DIR).
 
     Only the encoder's linear layers are quantised. A precision outside the tolerance
-    policy (DESIGN.md) is not written unless --force, and the exit code is 1. Files in
+    policy (docs/check-and-bench.md) is not written unless --force, and the exit code is 1. Files in
     BUNDLE that vit-deploy did not write are kept.
     """
     add_precisions(bundle, precisions, force=force, quiet=quiet, **quant)

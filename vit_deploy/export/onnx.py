@@ -23,7 +23,7 @@ from vit_deploy.export.model import ViT, ViTOutputs
 from vit_deploy.outputs import OutputSelection, is_grid_output, select_outputs
 
 # Trace on a non-square grid that is nobody's native grid, with batch 2, so nothing
-# specialises on a size (DESIGN.md).
+# specialises on a size (docs/getting-started.md: one graph, any patch grid).
 TRACE_GRID = (13, 17)
 TRACE_BATCH = 2
 

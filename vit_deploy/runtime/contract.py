@@ -60,7 +60,7 @@ def model_role(precision: str) -> str:
     return f"model:{precision}"
 
 
-# Tolerance policy, PyTorch fp32 as the reference (DESIGN.md).
+# Tolerance policy, PyTorch fp32 as the reference (docs/check-and-bench.md).
 FP32_ABS_TOL = 1e-4  # scaled by max(1, max|ref|)
 COSINE_MIN = {"fp32": 0.99999, "fp16": 0.999, "int8": 0.99, "int4": 0.95}
 

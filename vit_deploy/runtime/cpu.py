@@ -1,6 +1,6 @@
 """Which int8 kernels this CPU gives ONNX Runtime, read from the operating system.
 
-int8 numerics depend on the CPU (DESIGN.md): ONNX Runtime multiplies uint8 activations by
+int8 numerics depend on the CPU (docs/precisions.md, "int8 and the CPU"): ONNX Runtime multiplies uint8 activations by
 int8 weights with `vpmaddubsw` on x86 CPUs without VNNI, which adds two products into a
 saturating 16-bit sum. With 8-bit weights a pair reaches 2 x 255 x 128 = 65280 and is
 clipped at 32767; with 7-bit weights (`reduce_range`) it stays under 2 x 255 x 64 = 32640.

@@ -33,7 +33,7 @@ OPTIMIZATION_LEVELS = {
 
 @dataclass(frozen=True, kw_only=True)
 class RuntimeOptions:
-    """Session settings. The defaults are what measured fastest on CPU (DESIGN.md)."""
+    """Session settings. The defaults are what measured fastest on CPU (docs/cpu-speed.md)."""
 
     threads: int | None = None  # intra-op threads; None: ONNX Runtime's default (all cores)
     optimization: str = "all"  # disable | basic | extended | all
