@@ -1,7 +1,7 @@
 // Prove a bundle in Node: `vit.check()` runs every golden reference the bundle stores
 // (references.bin) and writes the shared report ("vit-deploy-report" v1, the schema of
 // Python's `vit-deploy check --json` and the page's download), so `vit-deploy bench
-// --compare` lays it beside the others. In an app: `npm install vit-deploy`; in this
+// --compare` lays it beside the others. In an app: `npm install` the tarball `npm pack` writes in web/; in this
 // repository `make setup` links node_modules/vit-deploy to web/, as npm would.
 //
 //   node examples/check_node.mjs BUNDLE [--precision int8] [--latency-runs 10] [--threads 2] [--json FILE]

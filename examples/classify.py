@@ -1,8 +1,8 @@
 """Classify images with a vit-deploy bundle, using only the torch-free runtime.
 
-    python examples/classify.py vit-B16-448 cat.jpg dog.png --provider cuda,cpu --top-k 3
+    python examples/classify.py vit-B16-448 vit_deploy/data/photos/eval-chelsea.jpg vit_deploy/data/photos/eval-hopper.jpg --provider cuda,cpu --top-k 3
 
-Copy this into your app: it needs `pip install vit-deploy` (no torch, no export extra).
+Copy this into your app: it needs `pip install .` in a checkout (or the wheel `make dist` writes) (no torch, no export extra).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 // Classify images with a bundle in Node: the npm package `vit-deploy` (the same module as
-// the browser's), over onnxruntime-node. In an app: `npm install vit-deploy`; in this
+// the browser's), over onnxruntime-node. In an app: `npm install` the tarball `npm pack` writes in web/; in this
 // repository `make setup` links node_modules/vit-deploy to web/, as npm would.
 //
 //   node examples/classify_node.mjs BUNDLE IMAGE... [--precision int8] [--top-k 5] [--threads 2]

@@ -3,14 +3,14 @@ or against Triton / KServe serving the repository `vit-deploy triton` wrote: sam
 only the URL differs.
 
     vit-deploy serve vit-B16-448 --name vit_b16 --port 8000
-    python examples/oip_client.py --url localhost:8000 --model vit_b16 --bundle vit-B16-448 cat.jpg
+    python examples/oip_client.py --url localhost:8000 --model vit_b16 --bundle vit-B16-448 vit_deploy/data/photos/eval-chelsea.jpg
 
     vit-deploy triton vit-B16-448 --out repo --name vit_b16     # then Triton on repo/
-    python examples/oip_client.py --url triton-host:8000 --model vit_b16 --bundle vit-B16-448 cat.jpg
+    python examples/oip_client.py --url triton-host:8000 --model vit_b16 --bundle vit-B16-448 vit_deploy/data/photos/eval-chelsea.jpg
 
 The bundle is read only for its preprocessing and labels (the runtime's `Preprocess`, no
 model runs here); the server runs the model. The tensor names come from the server's model
-metadata. Needs `pip install vit-deploy 'tritonclient[http]'`.
+metadata. Needs vit-deploy (`pip install .` in a checkout) and `pip install 'tritonclient[http]'`.
 """
 
 from __future__ import annotations

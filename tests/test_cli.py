@@ -168,3 +168,22 @@ def test_triton_instances_at_the_bound_are_written(quantised_bundle, tmp_path):
     assert r.exit_code == 0, r.output
     (config,) = (tmp_path / "repo").rglob("config.pbtxt")
     assert "count: 256" in config.read_text()
+
+
+def test_sites_and_repositories_say_what_they_are_and_keep_the_users_paths_home(
+        quantised_bundle, tmp_path):
+    """A web site is served to anyone: its manifest names the bundle, not the folders it
+    lives in; a Triton repository and a site each say which they are."""
+    from vit_deploy.atomic import is_bundle
+    from vit_deploy.web import write_site
+
+    write_site(quantised_bundle, tmp_path / "site")
+    r = run("triton", quantised_bundle, "--out", tmp_path / "repo")
+    assert r.exit_code == 0, r.output
+    for out, kind in ((tmp_path / "site", "vit-deploy-web-site"),
+                      (tmp_path / "repo", "vit-deploy-triton-repository")):
+        text = (out / MANIFEST_NAME).read_text()
+        record = json.loads(text)
+        assert record["format"] == kind and record["source_bundle"] == quantised_bundle.name
+        assert str(quantised_bundle.parent) not in text
+        assert is_bundle(out)  # ours: rewritten without --force

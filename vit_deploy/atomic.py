@@ -32,7 +32,9 @@ from vit_deploy.runtime.manifest import MAX_MANIFEST_BYTES, load_manifest
 from vit_deploy.runtime.manifest_parts import BundleError
 from vit_deploy.runtime.swap import OutputExistsError, writer_lock
 
-REPOSITORY_FORMAT = "vit-deploy-triton-repository"  # what `vit-deploy triton` writes
+# The manifests of the directories we write that are not bundles, by what writes them
+REPOSITORY_FORMATS = {"triton": "vit-deploy-triton-repository",  # vit-deploy triton
+                      "web": "vit-deploy-web-site"}  # vit-deploy web
 
 
 class ClobberError(OutputExistsError):
@@ -58,7 +60,7 @@ def owned_files(directory: Path) -> set[str] | None:
     except (OSError, ValueError, RecursionError):
         return None
     files = data.get("files") if isinstance(data, dict) else None
-    if data.get("format") != REPOSITORY_FORMAT or not isinstance(files, dict):
+    if data.get("format") not in REPOSITORY_FORMATS.values() or not isinstance(files, dict):
         return None
     for name, digest in files.items():
         try:
@@ -73,12 +75,14 @@ def is_bundle(path: Path) -> bool:
     return owned_files(Path(path)) is not None
 
 
-def repository_record(root: Path, source: str) -> dict:
-    """The manifest of a directory we write that is not a bundle: every file's hash."""
+def repository_record(root: Path, source: str | os.PathLike, kind: str) -> dict:
+    """The manifest of a directory we write that is not a bundle (`kind`: triton, web):
+    every file's hash, and the source bundle by its name only (a site is served to anyone:
+    the path of the user's folders stays home)."""
     files = {p.relative_to(root).as_posix(): sha256_file(p)
              for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST_NAME}
-    return {"format": REPOSITORY_FORMAT, "format_version": 1, "source_bundle": source,
-            "files": files}
+    return {"format": REPOSITORY_FORMATS[kind], "format_version": 1,
+            "source_bundle": Path(source).name, "files": files}
 
 
 def refuse_clobber(output: str | os.PathLike, *, option: str,

@@ -215,5 +215,5 @@ def triton_repository(bundle: str | Path, out: str | Path, *, precision: str = "
         (tmp / name / MODEL_VERSION).mkdir(parents=True)
         shutil.copy2(model_path, tmp / name / MODEL_VERSION / "model.onnx")
         (tmp / name / "config.pbtxt").write_text(text)
-        (tmp / MANIFEST_NAME).write_text(json.dumps(repository_record(tmp, str(bundle)), indent=2))
+        (tmp / MANIFEST_NAME).write_text(json.dumps(repository_record(tmp, bundle, "triton"), indent=2))
     return Path(out), name, notes

@@ -240,7 +240,7 @@ def write_site(bundle: str | Path, out: str | Path, *, precisions: Sequence[str]
         for name in ORT_FILES:
             shutil.copy2(sources.ort_dist / name, tmp / ORT_DIR / name)
         (tmp / ORT_DIR / "LICENSE.txt").write_text(ORT_NOTICE.format(version=version))
-        (tmp / MANIFEST_NAME).write_text(json.dumps(repository_record(tmp, str(bundle)),
+        (tmp / MANIFEST_NAME).write_text(json.dumps(repository_record(tmp, bundle, "web"),
                                                     indent=2))
     ort_bytes = sum((sources.ort_dist / n).stat().st_size for n in ORT_WASM_ONLY)
     return SiteResult(Path(out), precisions, threads, sizes, ort_bytes, version)
