@@ -147,6 +147,9 @@ def _ort_runner(bundle: Path, provider: str, precision: str, x: np.ndarray, hw, 
                       resolution=tuple(hw), batch=batch, threads=threads,
                       graph=f"bucket:{target}" if target else "dynamic")
     fns: list[Callable[[], Any]] = []
+    import gc
+
+    gc.collect()  # the previous group's sessions go now, not while this one is measured
     rss0 = rss_mb()
     gpu0 = gpu_memory_mb()
     try:
@@ -171,7 +174,7 @@ def _ort_runner(bundle: Path, provider: str, precision: str, x: np.ndarray, hw, 
         case.status = f"unavailable: {str(e).splitlines()[0]}"
         case.provider = case.provider or "-"
         return case, []
-    case.memory_mb = (rss_mb() - rss0) / options.sessions
+    case.memory_mb = max(0.0, rss_mb() - rss0) / options.sessions  # growth; never negative
     gpu1 = gpu_memory_mb()
     if gpu0 is not None and gpu1 is not None:
         case.gpu_memory_mb = (gpu1 - gpu0) / options.sessions

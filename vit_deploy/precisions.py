@@ -216,7 +216,8 @@ def _add_precisions(bundle: Path, precisions: Sequence[str], *, options: Precisi
                                            else "1 - cosine", "ranking": ranking}
             results.append(_measure(evaluator, dst, precision, q.recipe))
             r = results[-1]
-            log("; ".join([f"{precision}: {'pass' if r.passed else 'FAIL'}", *r.notes]))
+            log("; ".join([f"{precision}: {'pass' if r.passed else 'FAIL'}",
+                           *(n.strip() for n in r.notes if n.strip())]))
         keep = [r for r in results if r.passed or options.force]
         if keep:
             log(f"writing {', '.join(r.precision for r in keep)} into {bundle}")

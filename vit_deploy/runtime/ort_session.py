@@ -140,9 +140,10 @@ def _create_session(path: Path, requested: list[Provider], options: RuntimeOptio
     inactive = [p.name for p in requested if p.name not in active]
     reason = None
     if inactive:
-        why = "; ".join(
-            ([f"{[short_name(m) for m in missing]} not in this onnxruntime build"] if missing
-             else []) + ([failure_reason(log[0])] if len(missing) < len(inactive) else []))
+        why = "; ".join(part for part in (
+            [f"{[short_name(m) for m in missing]} not in this onnxruntime build"] if missing
+            else []) + ([failure_reason(log[0])] if len(missing) < len(inactive) else [])
+            if part) or "no reason given"
         reason = (f"provider(s) {[short_name(p) for p in inactive]} asked for but not active; "
                   f"active: {[short_name(a) for a in active]}; listed by this onnxruntime: "
                   f"{[short_name(a) for a in listed]}; onnxruntime says: {why}")
