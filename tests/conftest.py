@@ -167,7 +167,8 @@ HEAVY_FILES = {
     "test_web_package.py", "test_dense.py", "test_onnx.py", "test_checkpoints.py",
     "test_families.py", "test_hub.py", "test_targets.py", "test_benchmarks.py", "test_sweep.py",
     "test_ownership.py", "test_tome.py", "test_flexivit.py", "test_tensorrt.py", "test_fuzz.py",
-    "test_server_hostile.py", "test_server.py", "test_telemetry.py", "test_server_v2.py", "test_triton.py",
+    "test_server_hostile.py", "test_server.py", "test_telemetry.py", "test_tour.py",
+    "test_server_v2.py", "test_triton.py",
     "test_digits.py", "test_install.py", "test_recovery.py", "test_bench.py",
     "test_references.py", "test_arm64.py",
 }
@@ -177,7 +178,8 @@ HEAVY_FILES = {
 # finish close together (longest processing time first): `make test` hands whole files to
 # the workers in collection order (--no-loadscope-reorder, pytest-xdist >= 3.8; xdist would
 # otherwise order files by their number of tests).
-LONGEST_FIRST = ["test_install.py",  # 74: the wheel in fresh venvs, every platform resolved
+LONGEST_FIRST = ["test_tour.py",  # the README's tour, every line in order (tiny stand-in)
+                 "test_install.py",  # 74: the wheel in fresh venvs, every platform resolved
                  "test_readme.py",  # 49: the README's ViT-B/16 export
                  "test_web.py", "test_server_hostile.py", "test_photos.py",  # 42, 38, 35
                  "test_checkpoints.py",  # 26
