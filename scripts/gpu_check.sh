@@ -55,20 +55,20 @@ PRECISIONS=$(precisions fp32 fp16 int8-static)
 BENCH_PRECISIONS=$(precisions fp32 fp16)
 for p in $PROVIDERS; do
   # golden references: every stored case (their sizes, batch 2) and the target's buckets
-  "$BIN/vit-deploy" check "$B" --providers $p --precision "$PRECISIONS" --reference bundle \
+  "$BIN/vit-deploy" check "$B" --provider $p --precision "$PRECISIONS" --reference bundle \
     --require --json "$OUT/check-golden-$p.json" --markdown "$OUT/check-golden-$p.md" --quiet \
     > "$OUT/check-golden-$p.txt" 2>&1 || true
   if [ "$HAVE_TORCH" = 1 ]; then
-    "$BIN/vit-deploy" check "$B" --providers $p --precision "$PRECISIONS" --res "$RES" --batch "$CHECK_BATCH" \
+    "$BIN/vit-deploy" check "$B" --provider $p --precision "$PRECISIONS" --res "$RES" --batch "$CHECK_BATCH" \
       --reference pytorch --require --json "$OUT/check-$p.json" --markdown "$OUT/check-$p.md" --quiet \
       > "$OUT/check-$p.txt" 2>&1 || true
   fi
 done
 BENCH_PROVIDERS=$(echo "cpu $PROVIDERS" | tr ' ' '\n' | awk 'NF && !seen[$0]++' | paste -sd, -)
-"$BIN/vit-deploy" bench "$B" --providers "$BENCH_PROVIDERS" --precision "$BENCH_PRECISIONS" --res "$RES" --batch "$BENCH_BATCH" \
+"$BIN/vit-deploy" bench "$B" --provider "$BENCH_PROVIDERS" --precision "$BENCH_PRECISIONS" --res "$RES" --batch "$BENCH_BATCH" \
   --runs "$RUNS" --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1 || true
 if [ "$NEED_CUDA" = 1 ]; then
-"$BIN/vit-deploy" bench "$B" --providers cuda,tensorrt --precision "$BENCH_PRECISIONS" --res "$RES" --batch "$BENCH_BATCH" \
+"$BIN/vit-deploy" bench "$B" --provider cuda,tensorrt --precision "$BENCH_PRECISIONS" --res "$RES" --batch "$BENCH_BATCH" \
   --runs "$RUNS" --io-binding --json "$OUT/bench-iobinding.json" > "$OUT/bench-iobinding.txt" 2>&1 || true
 fi
 case " $PROVIDERS " in *" tensorrt "*)

@@ -205,7 +205,7 @@ def test_compare_lays_three_machines_side_by_side(saved_report, tmp_path, form):
 
 
 @pytest.mark.parametrize("content,message", [
-    (None, "cannot read bench report"),
+    (None, "does not exist"),  # refused as the command line is parsed
     ("not json", "not JSON"),
     ("[]", "the file must be a JSON object"),
     ('{"cases": {}}', "'cases' must be a list"),

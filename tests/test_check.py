@@ -27,7 +27,7 @@ def test_check_every_case_against_pytorch(quantised_bundle):
 
 
 def test_require_makes_an_unavailable_provider_fail(quantised_bundle, tmp_path):
-    r = CliRunner().invoke(main, ["check", str(quantised_bundle), "--providers", "cpu,openvino",
+    r = CliRunner().invoke(main, ["check", str(quantised_bundle), "--provider", "cpu,openvino",
                                   "--precision", "fp32", "--batch", "1", "--require",
                                   "--json", str(tmp_path / "c.json"),
                                   "--markdown", str(tmp_path / "c.md")])

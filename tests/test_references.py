@@ -380,6 +380,6 @@ def test_an_output_shape_that_overflows_is_a_manifest_error(quantised_bundle, sh
 def test_a_check_on_a_provider_that_never_runs_here_has_not_passed(quantised_bundle):
     """CoreML exists on no Linux machine: nothing is compared, so nothing passed."""
     r = CliRunner().invoke(main, ["check", str(quantised_bundle), "--reference", "bundle",
-                                  "--providers", "coreml", "--precision", "fp32"])
+                                  "--provider", "coreml", "--precision", "fp32"])
     assert r.exit_code == 1, r.output
     assert "no case was compared" in " ".join(r.output.split()) and "FAIL" in r.output

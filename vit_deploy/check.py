@@ -83,10 +83,17 @@ class CheckReport:
                          f"{' (required)' if self.require else ''}: {why}")
         if self.nothing_compared:
             lines.append(f"[red]{self.nothing_compared}[/]")
+        lines.append(f"check: {'PASS' if self else f'[red]{self.verdict}[/]'}")
+        return Group(*lines)
+
+    @property
+    def verdict(self) -> str:
+        """PASS, or FAIL with how many cases, checks and required providers failed."""
+        if self:
+            return "PASS"
         failures = (len(self.parity.failures) + (len(self.unavailable) if self.require else 0)
                     + bool(self.nothing_compared))
-        lines.append(f"check: {'PASS' if self else f'[red]FAIL ({failures} failing)[/]'}")
-        return Group(*lines)
+        return f"FAIL ({failures} failing)"
 
     def to_markdown(self) -> str:
         lines = [f"# vit-deploy check: {self.bundle}", "",

@@ -61,6 +61,16 @@ class PredictResult:
     def to_json(self) -> str:
         return dumps_strict(self.to_dict())
 
+    def lines(self) -> list[str]:
+        """The result alone (`predict --quiet`): per image and class one tab-separated line,
+        image, rank, class, label, probability; then the --features file written."""
+        out = [f"{p.source}\t{rank}\t{c.index}\t{' '.join((c.label or '').split())}\t"
+               f"{c.probability:.4f}"
+               for p in self.predictions for rank, c in enumerate(p.top, 1)]
+        if self.features:
+            out.append(str(self.features["file"]))
+        return out
+
     def __rich__(self) -> Any:
         from rich.console import Group
 

@@ -91,8 +91,7 @@ def test_a_v1_manifest_without_file_roles_gets_the_roles_v1_meant(tiny_bundle, t
     assert {n: e.role for n, e in m.files.items()} == {
         "model.onnx": "model:fp32", "model.int8.onnx": "model:int8",
         "weights.safetensors": "weights"}
-    r = CliRunner().invoke(main, ["check", str(b), "--precision", "fp32", "--batch", "1",
-                                  "--quiet"])
+    r = CliRunner().invoke(main, ["check", str(b), "--precision", "fp32", "--batch", "1"])
     assert r.exit_code == 0 and "rebuilt from the bundle's weights" in r.output, r.output
 
 

@@ -4,12 +4,15 @@ one machine or several) side by side with --compare."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
-from vit_deploy.cli.options import (MAX_THREADS, PrecisionList, batches_option,
-                                    console, count, csv_list, output_file, providers_list,
-                                    refuse_clobber, resolutions_option)
+from vit_deploy.cli.options import (MAX_THREADS, InputPath, PrecisionList, batches_option,
+                                    console, count, csv_list, emit_json, json_file,
+                                    json_option, json_to_stdout, output_file, provider_option,
+                                    providers_list, quiet_option, refuse_clobber,
+                                    resolutions_option)
 from vit_deploy.runtime.contract import TARGETS
 
 SPINNING = {"auto": None, "on": True, "off": False}
@@ -17,19 +20,20 @@ SPINNING = {"auto": None, "on": True, "off": False}
 
 @click.command()
 @click.argument("paths", metavar="BUNDLE | --compare REPORT.json...", nargs=-1,
-                type=click.Path(path_type=Path))
-@click.option("--providers", default="cpu", show_default=True,
-              help="Comma-separated providers to compare (cpu, cuda, tensorrt, ...).")
+                type=InputPath("bundle or report"))
+@provider_option(measured=True)
 @click.option("--precision", "precisions", type=PrecisionList(), default="fp32",
-              show_default=True)
+              show_default=True, help="Comma-separated precisions to measure, or all.")
 @resolutions_option("Comma-separated resolutions, e.g. 224,448,320x480 (default: the "
                     "bundle's).")
 @batches_option("1")
-@click.option("--threads", default="default", show_default=True,
+@click.option("--threads", default="default", show_default=True, metavar="T1,T2,...|default",
               callback=csv_list(count("threads", MAX_THREADS, default="default")),
               help="Comma-separated intra-op thread counts, or 'default'.")
-@click.option("--warmup", type=click.IntRange(0, 10_000), default=5, show_default=True)
-@click.option("--runs", type=click.IntRange(1, 1_000_000), default=30, show_default=True)
+@click.option("--warmup", type=click.IntRange(0, 10_000), default=5, show_default=True,
+              help="Untimed runs per case first.")
+@click.option("--runs", type=click.IntRange(1, 1_000_000), default=30, show_default=True,
+              help="Timed runs per case and session.")
 @click.option("--seconds", type=click.FloatRange(0.1, 86_400), default=None,
               help="Time per group instead of a run count.")
 @click.option("--sessions", type=click.IntRange(1, 64), default=2, show_default=True,
@@ -41,10 +45,10 @@ SPINNING = {"auto": None, "on": True, "off": False}
 @click.option("--spinning", type=click.Choice(list(SPINNING)), default="auto",
               show_default=True, help="ORT idle-thread spinning; auto: off when several "
               "sessions are interleaved (idle spinners steal the cores).")
-@output_file("--json", "json_out")
-@output_file("--csv", "csv_out")
-@output_file("--plot", "plot_out", help="PNG: latency against resolution per provider and "
-             "precision (matplotlib).")
+@json_option("The report (with --compare: the comparison)")
+@output_file("--csv", "csv_out", help="Write the report's rows as CSV to FILE.")
+@output_file("--plot", "plot_out", help="Write a PNG to FILE: latency against resolution per "
+             "provider and precision (matplotlib).")
 @click.option("--budget-ms", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Say the largest resolution whose p90 at batch 1 stays under this.")
 @click.option("--compare", is_flag=True, help="Show the saved JSON reports given (bench "
@@ -55,20 +59,23 @@ SPINNING = {"auto": None, "on": True, "off": False}
                    "the same sizes (default sizes: its buckets).")
 @click.option("--io-binding", is_flag=True, help="Bind inputs and outputs to the provider's "
               "device (CUDA).")
+@quiet_option("nothing is printed but --json's JSON")
 def bench(paths: tuple[Path, ...], providers: str, precisions: tuple[str, ...],
           resolutions: tuple[tuple[int, int], ...] | None, batches: tuple[int, ...],
           threads: tuple[int | None, ...], warmup: int, runs: int, seconds: float | None,
           sessions: int, baseline: str, fallback: bool, spinning: str, json_out: Path | None,
           csv_out: Path | None, plot_out: Path | None, budget_ms: float | None,
-          compare: bool, bench_target: str | None, io_binding: bool) -> None:
+          compare: bool, bench_target: str | None, io_binding: bool, quiet: bool) -> None:
     """Measure latency, throughput, cold start and memory per provider and precision.
 
     Cases run in one process, interleaved run by run, over several sessions each.
     Every row says which provider actually ran. With --compare, show saved reports
     (`bench --compare a.json b.json c.json`) side by side instead.
-    """
-    from rich.progress import Progress
 
+    \b
+    Example:
+      vit-deploy bench vit-B16-224 --provider cpu,cuda --precision fp32,int8 --res 224,448
+    """
     from vit_deploy.bench import BenchOptions, run_bench
     from vit_deploy.bench_compare import compare_reports
     from vit_deploy.reports import save_report
@@ -80,7 +87,15 @@ def bench(paths: tuple[Path, ...], providers: str, precisions: tuple[str, ...],
         if not paths:
             raise click.UsageError("--compare needs the saved reports: bench --compare "
                                    "a.json b.json ...")
-        screen.print(compare_reports(paths))
+        unused = [flag for flag, given in (("--csv", csv_out), ("--plot", plot_out),
+                                           ("--budget-ms", budget_ms)) if given is not None]
+        if unused:
+            raise click.UsageError(f"{', '.join(unused)}: only on a run; --compare shows "
+                                   f"saved reports (--json writes the comparison)")
+        comparison = compare_reports(paths)
+        emit_json(json_out, comparison_json(comparison))
+        if not quiet and not json_to_stdout(json_out):
+            screen.print(comparison)
         return
     if len(paths) != 1:
         raise click.UsageError("give one BUNDLE to measure, or --compare REPORT.json ..."
@@ -94,12 +109,42 @@ def bench(paths: tuple[Path, ...], providers: str, precisions: tuple[str, ...],
                            baseline_torch=baseline == "torch", fallback=fallback,
                            spinning=SPINNING[spinning], target=bench_target,
                            io_binding=io_binding)
-    with Progress(console=screen, transient=True) as bar:
-        task = bar.add_task("benchmarking", total=None)
-        report = run_bench(bundle, options,
-                           progress=lambda d, t: bar.update(task, completed=d, total=t))
+    if quiet:
+        report = run_bench(bundle, options)
+    else:
+        from rich.progress import Progress
+
+        # progress on stderr: stdout is the result (the table, or --json's JSON)
+        with Progress(console=console(stderr=True), transient=True) as bar:
+            task = bar.add_task("benchmarking", total=None)
+            report = run_bench(bundle, options,
+                               progress=lambda d, t: bar.update(task, completed=d, total=t))
     report.budget_ms = budget_ms
-    screen.print(report)
-    save_report(report, json=json_out, csv=csv_out, plot=plot_out)
-    if plot_out:
+    if json_to_stdout(json_out):
+        emit_json(json_out, report.to_json())
+    elif not quiet:
+        screen.print(report)
+    save_report(report, json=json_file(json_out), csv=csv_out, plot=plot_out)
+    if plot_out and not quiet and not json_to_stdout(json_out):
         screen.print(f"plot: {plot_out}")
+
+
+def comparison_json(comparison: Any) -> str:
+    """`bench --compare --json`: the reports (one column each) and the rows side by side,
+    each cell what its report says of the row (null: the report has no such case)."""
+    from dataclasses import asdict
+
+    from vit_deploy.runtime.manifest import dumps_strict
+
+    columns = comparison.columns
+    keys: dict[tuple, None] = {}
+    for column in columns:
+        keys.update(dict.fromkeys(column.cells))
+    return dumps_strict({
+        "kind": "comparison",
+        "reports": [{"name": c.name, "kind": c.kind, "runtime": c.runtime, "device": c.device,
+                     "machine": c.machine, "passed": c.passed} for c in columns],
+        "rows": [{"provider": asked, "precision": precision, "resolution": list(res),
+                  "batch": batch, "threads": threads,
+                  "cells": [asdict(c.cells[k]) if k in c.cells else None for c in columns]}
+                 for k in keys for asked, precision, res, batch, threads in [k]]})

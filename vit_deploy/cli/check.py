@@ -7,18 +7,21 @@ from pathlib import Path
 
 import click
 
-from vit_deploy.cli.options import (PrecisionList, batches_option, console, output_file,
-                                    providers_list, quiet_option, refuse_clobber,
-                                    resolutions_option)
+from vit_deploy.cli.group import fail
+from vit_deploy.cli.options import (InputPath, PrecisionList, batches_option, console,
+                                    emit_json, json_file, json_option, json_to_stdout,
+                                    output_file, provider_option, providers_list, quiet_option,
+                                    refuse_clobber, resolutions_option)
 
 
 @click.command()
-@click.argument("bundle", type=click.Path(path_type=Path))
-@click.option("--providers", default="cpu", show_default=True,
-              help="Comma-separated providers (cpu, cuda, tensorrt, ...).")
+@click.argument("bundle", type=InputPath("bundle"))
+@provider_option(measured=True)
 @click.option("--precision", "precisions", type=PrecisionList(), default=None,
-              help="Precisions to check (default: every one in the bundle).")
-@resolutions_option("Comma-separated resolutions (default: the deploy and native sizes).")
+              help="Comma-separated precisions to check, or all (default: every one in the "
+                   "bundle).")
+@resolutions_option("Comma-separated resolutions, N or HxW (default: the deploy and native "
+                    "sizes).")
 @batches_option("1,4")
 @click.option("--require", is_flag=True, help="A provider that is not available is a failure.")
 @click.option("--no-buckets", is_flag=True, help="Skip the edge targets' bucket graphs "
@@ -27,9 +30,9 @@ from vit_deploy.cli.options import (PrecisionList, batches_option, console, outp
               show_default=True, help="Compare against PyTorch rebuilt from the bundle's "
               "weights, or the golden references stored in the bundle (no torch needed; "
               "their sizes, batch 2). auto: PyTorch where torch imports, else the references.")
-@output_file("--json", "json_out")
-@output_file("--markdown", "md_out")
-@quiet_option
+@json_option("The report")
+@output_file("--markdown", "md_out", help="Write the report as a Markdown table to FILE.")
+@quiet_option("nothing is printed on success; a failure is one line on stderr (exit 1)")
 def check(bundle: Path, providers: str, precisions: tuple[str, ...] | None,
           resolutions: tuple[tuple[int, int], ...] | None, batches: tuple[int, ...],
           require: bool, json_out: Path | None, md_out: Path | None, quiet: bool,
@@ -41,6 +44,10 @@ def check(bundle: Path, providers: str, precisions: tuple[str, ...] | None,
 
     Also batch independence and determinism per provider and precision. Exits 1 if
     any case fails (or, with --require, if a provider is not available here).
+
+    \b
+    Example:
+      vit-deploy check vit-B16-224 --provider cpu,cuda --precision all --json check.json
     """
     from vit_deploy.check import CheckOptions, run_check
     from vit_deploy.progress import steps
@@ -52,7 +59,12 @@ def check(bundle: Path, providers: str, precisions: tuple[str, ...] | None,
                            targets=not no_buckets, reference=reference)
     with steps(quiet=quiet, title="checking") as progress:
         report = run_check(bundle, options, progress=progress)
-    console().print(report)
-    save_report(report, json=json_out, markdown=md_out)
+    if json_to_stdout(json_out):
+        emit_json(json_out, report.to_json())
+    elif not quiet:
+        console().print(report)
+    save_report(report, json=json_file(json_out), markdown=md_out)
     if not report:
+        if quiet:
+            fail(1, f"check {report.verdict}; run without --quiet for the table")
         sys.exit(1)

@@ -40,8 +40,14 @@ from vit_deploy.runtime.sizes import format_resolution
               default="auto", show_default=True, help="Checkpoint format.")
 @click.option("--heads", type=click.IntRange(1, 1024), default=None,
               help="Attention heads of a timm checkpoint of non-standard width.")
-@click.option("--pos-embed", type=click.Choice(POS_EMBED_KINDS), default="learned", show_default=True)
-@click.option("--pool", type=click.Choice(POOLS), default="cls", show_default=True)
+@click.option("--pos-embed", type=click.Choice(POS_EMBED_KINDS), default="learned",
+              show_default=True, help="Position encoding of a newly built model (a "
+              "checkpoint brings its own): learned, one table resampled to each size; "
+              "factorized, row and column tables; rope, 2-D rotary, no table.")
+@click.option("--pool", type=click.Choice(POOLS), default="cls", show_default=True,
+              help="Pooling of a newly built model (a checkpoint brings its own): cls, the "
+                   "class token; mean, the mean patch token; map, attention pooling with a "
+                   "learned probe.")
 @click.option("--num-classes", type=click.IntRange(0, 1_000_000), default=None,
               help="Classes of the head; 0: a backbone without one. Default 1000 (tiny: 10).")
 @click.option("--static", is_flag=True, help="Freeze --res into the graph (no Resize node).")
@@ -60,10 +66,11 @@ from vit_deploy.runtime.sizes import format_resolution
 @click.option("--layer-norm/--no-layer-norm", default=True, show_default=True,
               help="Pass --layers through the final norm (DINOv2 / Dinov2Backbone) or not "
                    "(Hugging Face hidden_states).")
-@click.option("--opset", type=click.IntRange(18, 30), default=OPSET, show_default=True)
+@click.option("--opset", type=click.IntRange(18, 30), default=OPSET, show_default=True,
+              help="ONNX opset of the graph, 18 to 30.")
 @click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True,
               help="Seed of random weights.")
-@click.option("--out", type=click.Path(path_type=Path), default=None,
+@click.option("--out", type=click.Path(path_type=Path), default=None, metavar="DIR",
               help="Bundle directory. Default: ./vit-<model><patch>-<res>.")
 @click.option("--labels", "labels_file", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="Class names, one per line (as many as classes).")
@@ -72,7 +79,7 @@ from vit_deploy.runtime.sizes import format_resolution
 @quant_options
 @force_option("Write into --out even if vit-deploy did not write it (its files are "
               "kept), and try resolutions whose memory estimate exceeds what is available.")
-@quiet_option
+@quiet_option("only the bundle's path, once written")
 def export(variant_name: str | None, patch: int | None, resolution: tuple[int, int] | None,
            native_res: tuple[int, int] | None, checkpoint: str | None, source: str,
            heads: int | None, pos_embed: str, pool: str,
@@ -84,6 +91,10 @@ def export(variant_name: str | None, patch: int | None, resolution: tuple[int, i
 
     Checks ONNX Runtime (CPU) against PyTorch at several resolutions and batch sizes;
     a failing case fails the export and leaves nothing behind.
+
+    \b
+    Example:
+      vit-deploy export --model B/16 --res 224 --precision fp32,int8 --out vit-B16-224
     """
     from vit_deploy.export.bundle import (ExportOptions, default_bundle_name, export_bundle,
                                           model_from_flags, validate_request)
@@ -122,11 +133,18 @@ def export(variant_name: str | None, patch: int | None, resolution: tuple[int, i
                      f"-> {out}")
     with steps(quiet=quiet, title="exporting") as progress:
         result = export_bundle(model, out, options=options, progress=progress)
-    screen.print(result.report)
+    if not quiet:
+        screen.print(result.report)
     for note in result.notes:
-        screen.print(f"note: {note}")
+        if quiet:  # a note is a warning: stderr, beside errors
+            click.echo(f"note: {note}", err=True)
+        else:
+            screen.print(f"note: {note}")
     if any(p != "fp32" for p in precisions):
         add_precisions(out, precisions, force=False, quiet=quiet, **quant)
+    if quiet:
+        click.echo(str(out))
+        return
     screen.print(BundleSummary(load_manifest(out), str(out)))
 
 

@@ -26,7 +26,10 @@ class Main(click.Group):
     (a bundle, image, checkpoint, flag or output path), 1 for a failed check or an
     environment that cannot do the work (a busy bundle, a provider, the quantiser).
     Built-in errors keep their meaning: OSError and MemoryError exit 1 (disk full, ...);
-    ValueError, OverflowError and ImportError exit 2; ONNX Runtime's own errors exit 1."""
+    ValueError, OverflowError and ImportError exit 2; ONNX Runtime's own errors exit 1.
+    A path named on the command line that does not exist or cannot be read is refused as
+    it is parsed (options.InputPath: exit 2, one line); an unknown option that is another
+    tool's word for one of ours is answered with ours (suggest_our_spelling)."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*COMMANDS, *self.commands})
@@ -44,14 +47,17 @@ class Main(click.Group):
 
         try:
             return super().invoke(ctx)
+        except click.NoSuchOption as e:
+            suggest_our_spelling(e)
+            raise
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except VitDeployError as e:
             details = e.details()
-            if details is not None:
+            if details is not None:  # the failing report, with the error: on stderr
                 from vit_deploy.cli.options import console
 
-                console().print(details)
+                console(stderr=True).print(details)
             fail(e.exit_code, e.message())
         except OSError as e:
             fail(1, f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""))
@@ -63,6 +69,23 @@ class Main(click.Group):
             if type(e).__module__.startswith("onnxruntime"):  # ORT refusing a file or a run
                 fail(1, _first_line(e))
             raise
+
+
+def suggest_our_spelling(e: click.NoSuchOption) -> None:
+    """An unknown option that is another tool's word for one of ours (--resolution, --size,
+    --providers, --output, ...: options.SYNONYMS) is answered with our spelling where the
+    command has it, not click's nearest string ("--resolution": "Did you mean
+    '--precision'?")."""
+    from vit_deploy.cli.options import SYNONYMS
+
+    name, _, _ = e.option_name.partition("=")
+    ours = SYNONYMS.get(name)
+    command = e.ctx.command if e.ctx is not None else None
+    if ours is None or command is None:
+        return
+    known = {o for p in command.params for o in (*p.opts, *p.secondary_opts)}
+    if ours in known:
+        e.possibilities = [ours]  # type: ignore[misc]  (click's own attribute)
 
 
 def _first_line(e: BaseException) -> str:

@@ -1,9 +1,11 @@
-"""What several commands share, defined once: parameter types (resolutions, precision
-lists, counts), option groups (quantisation, --json / --plot files, --force, --quiet),
-the console and the clobber guard. Torch-free: every command module imports this."""
+"""What several commands share, defined once: the option vocabulary (one spelling per
+concept, docs/command-line.md), parameter types (inputs, resolutions, precision lists,
+counts), option groups (quantisation, --provider, --json [FILE], --quiet, --force), the
+console and the clobber guard. Torch-free: every command module imports this."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,7 @@ from typing import Any
 import click
 
 from vit_deploy.runtime.contract import MAX_THREADS, PRECISIONS
+from vit_deploy.runtime.errors import BAD_INPUT, VitDeployError
 from vit_deploy.runtime.sizes import parse_resolution
 
 MAX_BATCH = 4096
@@ -19,9 +22,100 @@ MAX_PATCH = 1024  # pixels per patch side
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
+# -- the vocabulary -------------------------------------------------------------------------
+# One spelling per concept, whatever the command (docs/command-line.md shows this table and
+# tests/test_cli_vocabulary.py holds every command to it).
+VOCABULARY = {  # concept -> the one spelling (what each means: docs/command-line.md)
+    "provider": "--provider", "precision": "--precision", "resolution": "--res",
+    "batch": "--batch", "threads": "--threads", "JSON": "--json", "quiet": "--quiet",
+    "output directory": "--out", "force": "--force", "edge target": "--target",
+}
+
+# What people type for those concepts (other tools' spellings): never options of ours, but
+# the unknown-option error names our spelling for them (cli/group.py) instead of the
+# nearest string ("--resolution" is nearest to "--precision").
+SYNONYMS = {
+    **dict.fromkeys(["--resolution", "--resolutions", "--size", "--sizes", "--img-size",
+                     "--image-size", "--input-size", "--shape"], "--res"),
+    **dict.fromkeys(["--providers", "--ep", "--eps", "--execution-provider",
+                     "--execution-providers", "--device", "--backend"], "--provider"),
+    **dict.fromkeys(["--precisions", "--dtype", "--quant", "--quantize"], "--precision"),
+    **dict.fromkeys(["--output", "--output-dir", "--out-dir", "--outdir", "--dest", "-o"],
+                    "--out"),
+    **dict.fromkeys(["--overwrite", "--yes", "-f", "-y"], "--force"),
+    **dict.fromkeys(["--silent", "-s"], "--quiet"),
+    **dict.fromkeys(["--thread", "--num-threads", "--jobs", "-j"], "--threads"),
+    **dict.fromkeys(["--batch-size", "--batches", "--bs", "-b"], "--batch"),
+    **dict.fromkeys(["--json-out", "--json-file", "--output-json"], "--json"),
+    **dict.fromkeys(["--md"], "--markdown"),
+    **dict.fromkeys(["--topk", "--top", "-k"], "--top-k"),
+    **dict.fromkeys(["--iterations", "--iters", "--repeat", "--repeats", "-n"], "--runs"),
+    **dict.fromkeys(["--warm-up", "--warmups"], "--warmup"),
+    **dict.fromkeys(["--weights", "--ckpt"], "--checkpoint"),
+    **dict.fromkeys(["--variant", "--arch"], "--model"),
+    **dict.fromkeys(["--native-resolution", "--native-size"], "--native-res"),
+    **dict.fromkeys(["--patch-size"], "--patch"),
+    **dict.fromkeys(["--classes"], "--num-classes"),
+    **dict.fromkeys(["--merge", "--tome"], "--merge-tokens"),
+    **dict.fromkeys(["--targets"], "--target"),
+}
+
+
+# -- inputs named on the command line --------------------------------------------------------
+class MissingInputError(VitDeployError, FileNotFoundError):
+    """A path the command reads (BUNDLE, CHECKPOINT, a saved report) that does not exist or
+    cannot be read: refused with one line, exit 2, before any work."""
+
+    exit_code = BAD_INPUT
+
+
+class OutputNameError(VitDeployError, ValueError):
+    """An output path that names something else (an image given as --json FILE)."""
+
+    exit_code = BAD_INPUT
+
+
+class InputPath(click.ParamType):
+    """A path the command reads, checked as it is parsed: it exists (after recovering a
+    bundle a killed writer moved aside) and can be read; else MissingInputError naming it."""
+
+    name = "path"
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None):
+        path = Path(value)
+        if ctx is not None and ctx.resilient_parsing:  # shell completion: no checks
+            return path
+        problem = unreadable(path)
+        if problem:
+            raise MissingInputError(f"{self.what} {str(value)!r} {problem}")
+        return path
+
+
+def unreadable(path: Path) -> str | None:
+    """Why `path` cannot be read ("does not exist", ...), or None."""
+    if not os.path.exists(path):
+        from vit_deploy.runtime.swap import recover_on_open
+
+        try:  # a writer killed mid-swap may have moved the bundle aside: put it back
+            recover_on_open(path)
+        except (OSError, RuntimeError, ValueError):
+            pass
+        if not os.path.exists(path):
+            return ("is a broken link (to a path that does not exist)"
+                    if os.path.islink(path) else "does not exist")
+    if not os.access(path, os.R_OK | (os.X_OK if os.path.isdir(path) else 0)):
+        return "cannot be read (permission denied)"
+    return None
+
 
 class ResolutionType(click.ParamType):
     name = "N|HxW"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
+        return self.name  # as written: click would upper-case it
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None):
         if isinstance(value, tuple):
@@ -36,7 +130,10 @@ RESOLUTION = ResolutionType()
 
 
 class PrecisionList(click.ParamType):
-    name = "fp32,fp16,int8,int8-static,int4|all"
+    name = ",".join(PRECISIONS) + "|all"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
+        return self.name  # the names as they are typed
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None):
         if isinstance(value, tuple):
@@ -112,9 +209,11 @@ quant_options = group(  # `quantize` and `export --precision`
                       "into the graph; auto tries none, 0.5 and 0.75 on the calibration "
                       "images and keeps the best."),
     click.option("--calib-method", type=click.Choice(["minmax", "entropy", "percentile"]),
-                 default="minmax", show_default=True),
+                 default="minmax", show_default=True,
+                 help="int8-static: how activation ranges are taken from the calibration "
+                      "images (minmax, entropy or percentile)."),
     click.option("--calib-samples", type=click.IntRange(1, 100_000), default=64,
-                 show_default=True),
+                 show_default=True, help="Calibration images used at most (1 to 100000)."),
     click.option("--block-size", type=click.IntRange(16, 4096), default=32,
                  show_default=True, help="int4: weights per quantisation block (a power "
                  "of two)."),
@@ -136,16 +235,82 @@ quant_options = group(  # `quantize` and `export --precision`
                       "with the package (digits: the trained test model's)."),
 )
 
-quiet_option = click.option("--quiet", "-q", is_flag=True, help="No progress lines (for scripts).")
-json_flag = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-threads_option = click.option("--threads", type=click.IntRange(1, MAX_THREADS), default=None)
+PRECISION = click.Choice(PRECISIONS)  # one precision (predict, serve, triton)
 
 
-def output_file(flag: str, dest: str, help: str | None = None) -> Decorator:
-    """A file the command writes (--json, --csv, --markdown, --plot), refused by
-    refuse_clobber where it would land in what the command reads."""
+def provider_option(*, measured: bool) -> Decorator:
+    """--provider: in check and bench each provider listed is measured (--providers, the old
+    spelling, still works there); in predict and serve the list is an order of preference."""
+    if measured:
+        return click.option("--provider", "--providers", "providers", default="cpu",
+                            show_default=True, metavar="P1,P2,...",
+                            help="Providers to measure, comma-separated (cpu, cuda, tensorrt, "
+                                 "...; `vit-deploy providers` lists them): each one listed "
+                                 "is measured. --providers is the old spelling, still accepted.")
+    return click.option("--provider", default="cpu", show_default=True, metavar="P1,P2,...",
+                        help="Provider, or a comma-separated list in order of preference "
+                             "(cpu, cuda, tensorrt, ...): the first one active here runs, "
+                             "and the output says which.")
+
+
+def precision_option(help: str, **kw: Any) -> Decorator:
+    """--precision, one of the known precisions (a name the runtime does not know is refused
+    here, listing them, before a bundle is opened)."""
+    return click.option("--precision", type=PRECISION, default="fp32", show_default=True,
+                        help=help, **kw)
+
+
+STDOUT = Path("-")  # --json given alone
+
+
+def json_option(what: str) -> Decorator:
+    """--json [FILE]: alone, JSON on stdout (and nothing else there); with FILE, written to
+    it atomically. Put it last, or write --json=FILE, where arguments follow."""
+    return click.option("--json", "json_out", type=click.Path(dir_okay=False, allow_dash=True,
+                                                             path_type=Path),
+                        is_flag=False, flag_value="-", default=None, metavar="[FILE]",
+                        help=f"{what} as JSON. --json alone: on stdout, and nothing else is "
+                             f"printed there (pipe it to a JSON tool); --json FILE: written "
+                             f"to FILE, the usual output kept.")
+
+
+def json_to_stdout(json_out: Path | None) -> bool:
+    return json_out is not None and str(json_out) == str(STDOUT)
+
+
+def json_file(json_out: Path | None) -> Path | None:
+    """The --json FILE to write, or None (not given, or stdout)."""
+    return None if json_out is None or json_to_stdout(json_out) else json_out
+
+
+def emit_json(json_out: Path | None, text: str) -> None:
+    """--json's JSON: on stdout (--json alone) or written to FILE atomically."""
+    if json_out is None:
+        return
+    if json_to_stdout(json_out):
+        click.echo(text, nl=not text.endswith("\n"))
+        return
+    from vit_deploy.runtime.files import write_bytes_atomic
+
+    write_bytes_atomic(Path(json_out), text.encode())
+
+
+def quiet_option(result: str) -> Decorator:
+    """--quiet / -q: no progress, tables or banners; `result` says what is still printed."""
+    return click.option("--quiet", "-q", is_flag=True,
+                        help=f"No progress, tables or banners (for scripts): {result}. "
+                             f"Errors still go to stderr.")
+
+
+threads_option = click.option("--threads", type=click.IntRange(1, MAX_THREADS), default=None,
+                              help="Intra-op threads (default: ONNX Runtime's).")
+
+
+def output_file(flag: str, dest: str, help: str) -> Decorator:
+    """A file the command writes (--csv, --markdown, --plot), refused by refuse_clobber
+    where it would land in what the command reads."""
     return click.option(flag, dest, type=click.Path(dir_okay=False, path_type=Path),
-                        default=None, help=help)
+                        default=None, metavar="FILE", help=help)
 
 
 def force_option(help: str) -> Decorator:
@@ -157,30 +322,40 @@ FORCE_INTO_OUT = ("Write into --out even if vit-deploy did not write it (its fil
 
 
 def resolutions_option(help: str) -> Decorator:
-    return click.option("--res", "resolutions", default=None, callback=csv_list(parse_resolution),
-                        help=help)
+    return click.option("--res", "resolutions", default=None, metavar="R1,R2,...",
+                        callback=csv_list(parse_resolution), help=help)
 
 
 def batches_option(default: str) -> Decorator:
     return click.option("--batch", "batches", default=default, show_default=True,
-                        callback=csv_list(count("batch sizes", MAX_BATCH)))
+                        metavar="B1,B2,...", callback=csv_list(count("batch sizes", MAX_BATCH)),
+                        help=f"Comma-separated batch sizes (1 to {MAX_BATCH}).")
 
 
-def console() -> Any:
+def console(*, stderr: bool = False) -> Any:
+    """Where tables and lines are printed: stdout (the result), or stderr (errors)."""
     from rich.console import Console
 
-    out = Console(highlight=False, soft_wrap=True)
+    out = Console(highlight=False, soft_wrap=True, stderr=stderr)
     if not out.is_terminal:  # pipes and CI logs: do not squeeze tables into 80 columns
-        out = Console(highlight=False, soft_wrap=True, width=160)
+        out = Console(highlight=False, soft_wrap=True, width=160, stderr=stderr)
     return out
 
 
 def refuse_clobber(outputs: dict[str, Path | None], *, bundles: Any = (),
                    inputs: Any = ()) -> None:
     """Each output file the user named (option -> path) must not land in a bundle the
-    command reads or on one of its inputs (`atomic.refuse_clobber`: exit 2 naming it)."""
+    command reads or on one of its inputs (`atomic.refuse_clobber`: exit 2 naming it).
+    `--json` alone (stdout) writes no file. An existing file that is not .json is not a
+    --json FILE: `predict B --json a.jpg b.jpg` would otherwise write over a.jpg."""
     from vit_deploy.atomic import refuse_clobber as refuse
 
     for option, path in outputs.items():
+        if option == "--json":
+            path = json_file(path)
         if path is not None:
             refuse(path, option=option, bundles=bundles, inputs=inputs)
+            if option == "--json" and path.suffix.lower() != ".json" and path.exists():
+                raise OutputNameError(
+                    f"--json {str(path)!r} exists and is not a .json file; to print JSON "
+                    f"on stdout put --json last (or write --json -)")

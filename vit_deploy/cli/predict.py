@@ -6,24 +6,28 @@ from pathlib import Path
 
 import click
 
-from vit_deploy.cli.options import (MAX_PATCH, RESOLUTION, console, floats, force_option, json_flag,
+from vit_deploy.cli.options import (MAX_PATCH, RESOLUTION, InputPath, console, emit_json,
+                                    floats, force_option, json_option, json_to_stdout,
+                                    precision_option, provider_option, quiet_option,
                                     refuse_clobber, threads_option)
 from vit_deploy.runtime.contract import TARGETS
 
 
 @click.command()
-@click.argument("bundle", type=click.Path(path_type=Path))
-@click.argument("images", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--provider", default="cpu", show_default=True,
-              help="Provider alias or list in preference order (cpu, cuda, tensorrt, ...).")
-@click.option("--fallback", is_flag=True, help="Run on what ONNX Runtime falls back to (CPU) when none of --provider is active (a list already runs on its first active provider).")
-@click.option("--precision", default="fp32", show_default=True)
-@click.option("--top-k", type=click.IntRange(1, 1_000_000), default=5, show_default=True)
+@click.argument("bundle", type=InputPath("bundle"))
+@click.argument("images", nargs=-1, required=True, type=InputPath("image"))
+@provider_option(measured=False)
+@click.option("--fallback", is_flag=True, help="Run on what ONNX Runtime falls back to (CPU) "
+              "when none of --provider is active (a list already runs on its first active "
+              "provider).")
+@precision_option("The bundle's model to run (quantize adds the others).")
+@click.option("--top-k", type=click.IntRange(1, 1_000_000), default=5, show_default=True,
+              help="Classes shown per image, most probable first.")
 @click.option("--resize", type=click.Choice(["shorter_side_center_crop", "patch_multiple"]),
               default=None, help="Override the manifest's resize rule.")
 @click.option("--res", "resolution", type=RESOLUTION, default=None,
-              help="Override the manifest's resolution (dynamic bundles take any multiple "
-                   "of the patch size). Needed for a bare .onnx file.")
+              help="Override the manifest's resolution, N or HxW (dynamic bundles take any "
+                   "multiple of the patch size). Needed for a bare .onnx file.")
 @click.option("--mean", default=None, help="Per-channel mean, e.g. 0.485,0.456,0.406 (a bare "
               ".onnx file has no manifest to say it).")
 @click.option("--std", default=None, help="Per-channel std, e.g. 0.229,0.224,0.225.")
@@ -34,20 +38,30 @@ from vit_deploy.runtime.contract import TARGETS
 @click.option("--target", "predict_target", type=click.Choice(["auto", "none", *TARGETS]),
               default="auto", show_default=True, help="Bucket graphs to use: auto (the "
               "provider's target, if the bundle has it), none (the dynamic graph), or a name.")
-@json_flag
+@json_option("The predictions")
 @click.option("--features", "features_file", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="Also write each image's dense outputs (patch_tokens, layer_N; "
-              "[width, grid_h, grid_w], aspect ratio kept) to this .npz file.")
+              default=None, metavar="FILE.npz", help="Also write each image's dense outputs "
+              "(patch_tokens, layer_N; [width, grid_h, grid_w], aspect ratio kept) to this "
+              ".npz file.")
 @force_option("Replace an existing --features file.")
+@quiet_option("only the predictions, one line per image and class (image, rank, class, "
+              "label, probability; tab-separated), and the --features file written")
 def predict(bundle: Path, images: tuple[Path, ...], provider: str, fallback: bool,
             precision: str, top_k: int, resize: str | None, resolution: tuple[int, int] | None,
-            mean: str | None, std: str | None, patch: int | None, threads: int | None, as_json: bool,
-            features_file: Path | None, force: bool, predict_target: str = "auto") -> None:
+            mean: str | None, std: str | None, patch: int | None, threads: int | None,
+            json_out: Path | None, features_file: Path | None, force: bool, quiet: bool,
+            predict_target: str = "auto") -> None:
     """Classify IMAGES with a bundle, or a .onnx file exported by vit-deploy (no torch);
-    with --features, write their patch-token feature maps."""
+    with --features, write their patch-token feature maps.
+
+    \b
+    Example:
+      vit-deploy predict vit-B16-224 cat.jpg dog.jpg --top-k 3 --provider cuda,cpu
+    """
     from vit_deploy.predict import PredictOptions, predict as run_predict
 
-    refuse_clobber({"--features": features_file}, bundles=[bundle], inputs=images)
+    refuse_clobber({"--features": features_file, "--json": json_out}, bundles=[bundle],
+                   inputs=images)
     if features_file is not None and features_file.exists() and not force:
         raise click.BadParameter(f"{features_file} exists; pass --force to replace it",
                                  param_hint="--features")
@@ -56,7 +70,11 @@ def predict(bundle: Path, images: tuple[Path, ...], provider: str, fallback: boo
                              resize=resize, resolution=resolution, mean=floats(mean),
                              std=floats(std), patch=patch, features=features_file)
     result = run_predict(bundle, images, options)
-    if as_json:
-        click.echo(result.to_json())
-    else:
-        console().print(result)
+    emit_json(json_out, result.to_json())
+    if json_to_stdout(json_out):
+        return
+    if quiet:
+        for line in result.lines():
+            click.echo(line)
+        return
+    console().print(result)

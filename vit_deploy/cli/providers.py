@@ -3,21 +3,35 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
-from vit_deploy.cli.options import console, json_flag
+from vit_deploy.cli.options import (console, emit_json, json_option, json_to_stdout,
+                                    quiet_option, refuse_clobber)
 
 
 @click.command()
-@json_flag
-def providers(as_json: bool) -> None:
+@json_option("The report")
+@quiet_option("only the aliases of the providers usable here, one a line")
+def providers(json_out: Path | None, quiet: bool) -> None:
     """Which package installed onnxruntime (onnxruntime-gpu, onnxruntime, ...), what it
-    lists, and whether a session really runs on each provider here."""
+    lists, and whether a session really runs on each provider here.
+
+    \b
+    Example:
+      vit-deploy providers --json providers.json
+    """
     from vit_deploy.runtime.providers import probe_all
 
+    refuse_clobber({"--json": json_out})
     report = probe_all()
-    if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
+    emit_json(json_out, json.dumps(report.to_dict(), indent=2))
+    if json_to_stdout(json_out):
+        return
+    if quiet:
+        for r in report.results:
+            if r.usable:
+                click.echo(r.alias)
         return
     console().print(report)

@@ -8,16 +8,20 @@ from typing import Any
 
 import click
 
-from vit_deploy.cli.options import PrecisionList, console, force_option, quant_options, quiet_option
+from vit_deploy.cli.group import fail
+from vit_deploy.cli.options import (InputPath, PrecisionList, console, force_option,
+                                    quant_options, quiet_option)
+
+QUIET = "nothing is printed on success; a failure is one line on stderr (exit 1)"
 
 
 @click.command()
-@click.argument("bundle", type=click.Path(path_type=Path))
+@click.argument("bundle", type=InputPath("bundle"))
 @click.option("--precision", "precisions", type=PrecisionList(), required=True,
               help="Comma-separated: fp16, int8 (dynamic), int8-static, int4, or all.")
 @quant_options
 @force_option("Write precisions even if they fail the policy.")
-@quiet_option
+@quiet_option(QUIET)
 def quantize(bundle: Path, precisions: tuple[str, ...], force: bool, quiet: bool,
              **quant: Any) -> None:
     """Add quantised / fp16 models to BUNDLE, each judged against its fp32 model on real
@@ -26,6 +30,10 @@ def quantize(bundle: Path, precisions: tuple[str, ...], force: bool, quiet: bool
     Only the encoder's linear layers are quantised. A precision outside the tolerance
     policy (docs/check-and-bench.md) is not written unless --force, and the exit code is 1. Files in
     BUNDLE that vit-deploy did not write are kept.
+
+    \b
+    Example:
+      vit-deploy quantize vit-B16-224 --precision fp16,int8 --calib photos
     """
     add_precisions(bundle, precisions, force=force, quiet=quiet, **quant)
 
@@ -62,6 +70,11 @@ def add_precisions(bundle: Path, precisions: tuple[str, ...], *, force: bool, qu
     with steps(quiet=quiet, title="quantising") as progress:
         report = add(bundle, precisions, calibration=calibration, options=options,
                      progress=progress)
+    if quiet:
+        if not report:
+            fail(1, f"{', '.join(report.failed)} outside the tolerance policy"
+                    + ("; written anyway (--force)" if force else "; not written"))
+        return
     console().print(report)
     if not report:
         sys.exit(1)
