@@ -1,0 +1,16 @@
+"""CheckpointError and CheckpointWarning: what every reader of a checkpoint raises or warns."""
+
+from __future__ import annotations
+
+from vit_deploy.runtime.errors import BAD_INPUT, VitDeployError
+
+
+class CheckpointError(VitDeployError, ValueError):
+    """A checkpoint that cannot be loaded into the model: says which keys and why."""
+
+    exit_code = BAD_INPUT
+
+
+class CheckpointWarning(UserWarning):
+    """Tensors in a checkpoint that the model does not use and that do not change its
+    outputs (a Hugging Face pooler, a masked-image-modelling token)."""
