@@ -385,7 +385,7 @@ def _fake_site(root: Path) -> Path:
     (site / "bundle" / "sub" / "weights.data").write_bytes(b"weights")
     (site / "bundle" / "manifest.json").write_text("{}")  # written by write_site, not listed
     (site / "listed-link.txt").write_text("will become a symlink")
-    (site / "manifest.json").write_text(json.dumps(repository_record(site, "bundle")))
+    (site / "manifest.json").write_text(json.dumps(repository_record(site, "bundle", "web")))
     # After the manifest: none of these is listed.
     (root / "secret.txt").write_text("outside")
     (site / ".env").write_text("TOKEN=secret")
