@@ -58,7 +58,7 @@ test: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP)
 dist: $(STAMP) $(WEB_STAMP)
 	$(BIN)/python -m build --no-isolation --outdir dist .
 
-## test-fast: the edit loop (under 90 s on 2 cores): everything but the heavy files
+## test-fast: the edit loop (80 s of pytest on 2 cores, docs/development.md): everything but the heavy files
 ## (servers, browsers, emulators, fresh venvs, kills, many exports; tests/conftest.py)
 ## and full-size exports; run make test before you push
 test-fast: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP)
