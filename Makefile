@@ -5,6 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 WEB_STAMP := web/node_modules/.installed
 SYSTEM_STAMP := $(VENV)/.system-packages
+ARM64_STAMP := $(VENV)/.arm64-packages
 
 ARGS ?= --patch 16 --res 448
 
@@ -36,20 +37,13 @@ $(WEB_STAMP): web/package.json web/package-lock.json
 # emulated x86 CPU with AVX2 only, whatever CPU runs the tests) and strace (no connect()
 # from any entry point: tests/test_telemetry.py). Installed where apt-get is
 # usable as root; elsewhere the tests that need them fail, never skip.
-$(SYSTEM_STAMP): Makefile | $(STAMP)
-	@missing=""; command -v chromium >/dev/null || missing="chromium"; \
-	command -v qemu-x86_64 >/dev/null || missing="$$missing qemu-user"; \
-	command -v strace >/dev/null || missing="$$missing strace"; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
-	  else echo "warning: $$missing missing and cannot be installed here (apt-get as root);" \
-	    "the tests that need them will fail" >&2; fi; fi
+$(SYSTEM_STAMP): Makefile scripts/system_packages.sh | $(STAMP)
+	scripts/system_packages.sh "make test" chromium:chromium qemu-x86_64:qemu-user strace:strace
 	touch $(SYSTEM_STAMP)
 
 ## test: the whole test suite, on two workers (one file per worker at a time: module
-## fixtures are built once; the longest files first, tests/conftest.py); under 5 min of
-## pytest on 2 cores (docs/development.md)
+## fixtures are built once; the longest files first, tests/conftest.py); the measured
+## times, machine and date named, are in docs/development.md
 test: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
@@ -70,9 +64,17 @@ gpu-check: $(STAMP)
 
 ## check-arm64 [OUT=dir]: the runtime on aarch64 (Debian under qemu-user-static, root file
 ## system built once per machine in ~/.cache/vit-deploy), against x86_64 and PyTorch; needs
-## root, binfmt_misc and debootstrap, and fails (exit 3) where they are missing
-check-arm64: $(STAMP)
+## root and binfmt_misc (installs qemu-user-static, binfmt-support and debootstrap as root,
+## as make test installs its own), and fails (exit 3) where it cannot run
+check-arm64: $(STAMP) $(ARM64_STAMP)
 	BIN=$(BIN) scripts/check_arm64.sh $(if $(OUT),--out $(OUT))
+
+# Debian's packages check-arm64 runs: qemu-user-static (registers qemu-aarch64 with the F
+# flag through binfmt-support) and debootstrap (the aarch64 root file system).
+$(ARM64_STAMP): Makefile scripts/system_packages.sh | $(STAMP)
+	scripts/system_packages.sh "make check-arm64" qemu-aarch64-static:qemu-user-static \
+	  update-binfmts:binfmt-support debootstrap:debootstrap
+	touch $(ARM64_STAMP)
 
 clean:
 	rm -rf $(VENV) vit-*/ .pytest_cache web/node_modules node_modules build dist
