@@ -202,7 +202,7 @@ def test_the_runtime_imports_only_itself():
 # -- sizes: a module over 400 lines is a room to split; today's, listed, may not grow ------
 MAX_LINES = 400
 # The modules over MAX_LINES now, with their line counts (wc -l): shrink them, never add one.
-OVER_MAX_LINES = {"bench_report.py": 434, "web.py": 466}
+OVER_MAX_LINES: dict[str, int] = {}  # none today
 
 
 def _line_counts(under: Path) -> dict[str, int]:

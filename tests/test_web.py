@@ -567,7 +567,7 @@ def test_preview_cuts_slowloris_at_its_request_deadline_and_still_answers(tmp_pa
 @pytest.mark.parametrize("how", ["mid-answer", "mid-headers", "before-answer"])
 def test_preview_clients_that_go_away_are_one_quiet_line_each(tmp_path, caplog, capsys, how):
     site = _big_site(tmp_path)
-    caplog.set_level(logging.DEBUG, logger="vit_deploy.web")
+    caplog.set_level(logging.DEBUG, logger="vit_deploy.web_preview")
     with _serving(site, timeout=1.0, max_connections=64) as server:
         port = server.server_address[1]
         for _ in range(4):
@@ -590,7 +590,7 @@ def test_preview_clients_that_go_away_are_one_quiet_line_each(tmp_path, caplog, 
         assert _get_within(port, "/index.html", 1.0) == 200
     err = capsys.readouterr().err
     assert "Traceback" not in err and "Exception occurred" not in err, err[-2000:]
-    records = [r for r in caplog.records if r.name == "vit_deploy.web"]
+    records = [r for r in caplog.records if r.name == "vit_deploy.web_preview"]
     assert 0 < len(records) <= 128, how  # they went away, and at most one line each
     assert all(r.levelno == logging.DEBUG and r.exc_info is None and "\n" not in r.getMessage()
                for r in records), [r.getMessage() for r in records if r.levelno > logging.DEBUG]

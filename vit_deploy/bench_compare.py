@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vit_deploy.bench_report import BenchReport, parse_report, read_report
+from vit_deploy.bench_report import BenchReport
+from vit_deploy.report_files import parse_report, read_report
 from vit_deploy.report_schema import Cell, Column, ReportError, check_column, is_schema
 from vit_deploy.runtime.sizes import format_resolution
 
