@@ -1,5 +1,6 @@
-"""The image towers people deploy now (CLIP, SigLIP / SigLIP 2, DINOv3) reproduce transformers
-at any size, in PyTorch and in ONNX Runtime, pooled and dense, and survive int8.
+"""The image towers people deploy now (CLIP, SigLIP / SigLIP 2, DINOv3 with a plain or a
+gated MLP) reproduce transformers at any size, in PyTorch and in ONNX Runtime, pooled and
+dense, and survive int8.
 
 Random-weight small configs (32 wide, 2 layers, patch 8, native 32x32), saved with
 save_pretrained and loaded back through our loader, as tests/export/test_checkpoints.py does
@@ -37,11 +38,17 @@ TOWERS = {
         T.Siglip2VisionConfig(**SMALL, num_patches=16)),
     "DINOv3ViTModel": lambda: T.DINOv3ViTModel(
         T.DINOv3ViTConfig(**SMALL, image_size=32, num_register_tokens=2)),
+    # the H+ / 7B kind: SwiGLU (use_gated_mlp, hidden_act silu), registers, rotary positions
+    "DINOv3ViTModel-gated": lambda: T.DINOv3ViTModel(
+        T.DINOv3ViTConfig(**SMALL, image_size=32, num_register_tokens=2, use_gated_mlp=True,
+                          hidden_act="silu")),
 }
+DINOV3 = ("DINOv3ViTModel", "DINOv3ViTModel-gated")
 # What each exports: pooled and the patch tokens on the grid; DINOv3 also its class token
 # and registers (as DINOv2).
 OUTPUTS = {name: ("pooled", "patch_tokens") for name in TOWERS}
-OUTPUTS["DINOv3ViTModel"] = ("pooled", "patch_tokens", "class_token", "register_tokens")
+OUTPUTS.update({name: ("pooled", "patch_tokens", "class_token", "register_tokens")
+                for name in DINOV3})
 
 
 def as_siglip2_patches(x: torch.Tensor) -> dict:
@@ -62,7 +69,7 @@ def reference(name: str, model, x: np.ndarray, prefix: int) -> dict[str, np.ndar
     with torch.no_grad():
         if name == "Siglip2VisionModel":
             out = model(**as_siglip2_patches(t))
-        elif name == "DINOv3ViTModel":
+        elif name in DINOV3:
             out = model(pixel_values=t)
         else:
             out = model(pixel_values=t, interpolate_pos_encoding=True)
@@ -146,8 +153,11 @@ def test_what_each_tower_became(towers):
         assert (c.pool, c.class_token, c.act, c.pos_interp, c.pos_antialias) == (
             "map", False, "gelu_tanh", interp, antialias)
     dino = cfg["DINOv3ViTModel"]
-    assert (dino.pos_embed, dino.num_registers, dino.layer_scale, dino.qkv_bias) == (
-        "rope", 2, True, True)
+    assert (dino.pos_embed, dino.num_registers, dino.layer_scale, dino.qkv_bias, dino.mlp,
+            dino.act) == ("rope", 2, True, True, "plain", "gelu")
+    gated = cfg["DINOv3ViTModel-gated"]
+    assert (gated.pos_embed, gated.num_registers, gated.mlp, gated.act, gated.mlp_ratio) == (
+        "rope", 2, "gated", "silu", 2.0)
 
 
 def test_tower_configs_round_trip_and_old_configs_load():
@@ -177,13 +187,13 @@ def test_rope_angles_are_transformers_at_any_grid():
         torch.testing.assert_close(rope_angles(grid, inv_freq), theirs, rtol=0, atol=0)
 
 
-def test_gated_mlp_and_lying_tables_are_refused(towers, tmp_path):
+def test_a_gate_the_weights_lack_and_lying_tables_are_refused(towers, tmp_path):
     directory = tmp_path / "gated"
     shutil.copytree(towers["DINOv3ViTModel"][1], directory)
     text = (directory / "config.json").read_text()
     (directory / "config.json").write_text(text.replace('"use_gated_mlp": false',
                                                         '"use_gated_mlp": true'))
-    with pytest.raises(CheckpointError, match="gated MLP"):
+    with pytest.raises(CheckpointError, match=r"needs tensors its weights lack: .*mlp\.gate_proj"):
         load_any(directory)
     directory = tmp_path / "siglip2"
     shutil.copytree(towers["Siglip2VisionModel"][1], directory)
@@ -194,7 +204,7 @@ def test_gated_mlp_and_lying_tables_are_refused(towers, tmp_path):
 
 
 INT8 = ["CLIPVisionModelWithProjection", "SiglipVisionModel", "Siglip2VisionModel",
-        "DINOv3ViTModel"]
+        "DINOv3ViTModel", "DINOv3ViTModel-gated"]
 
 
 @pytest.mark.parametrize("name", INT8)

@@ -15,6 +15,30 @@ from vit_deploy.runtime.contract import OPSET
 from vit_deploy.runtime.sizes import format_resolution
 
 
+def hf_model_types() -> str:
+    """The config.json model_types the checkpoint registry reads (export/checkpoints/hf.py,
+    FAMILIES), in its order: read when --checkpoint's help is shown, never on import."""
+    try:
+        from vit_deploy.export.checkpoints.hf import FAMILIES
+    except ImportError:  # the runtime alone, without the export extra (torch)
+        return "those of docs/checkpoints.md (needs the export extra)"
+    return ", ".join(t for f in FAMILIES for t in f.model_types)
+
+
+class FamiliesOption(click.Option):
+    """An option whose help says {model_types} where the registry's list goes (hf_model_types),
+    filled in as the help is shown, so that loading the command imports no torch
+    (tests/test_cli_lazy.py) and a new family is named without editing this file."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        template = self.help or ""
+        self.help = template.replace("{model_types}", hf_model_types())
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.help = template
+
+
 @click.command()
 @click.option("--model", "variant_name", default=None, metavar="SIZE[/PATCH]",
               help=f"Model size ({', '.join(VARIANTS)}), optionally with /PATCH (B/16). "
@@ -29,13 +53,15 @@ from vit_deploy.runtime.sizes import format_resolution
                    "resizes to it. Default: the native resolution.")
 @click.option("--native-res", type=RESOLUTION, default=None,
               help="Native resolution of a newly built model (its position table). Default 224.")
-@click.option("--checkpoint", default=None, metavar="PATH|hf:ORG/NAME[@REV]|timm:NAME[@REV]",
+@click.option("--checkpoint", cls=FamiliesOption, default=None,
+              metavar="PATH|hf:ORG/NAME[@REV]|timm:NAME[@REV]",
               help="Weights: a vit-deploy .safetensors (carries its config), a timm state dict "
-                   "(.safetensors / .pth / .bin), a Hugging Face directory (ViT, DeiT, "
-                   "DINOv2, DINOv2 with registers), or a hub name (hf:ORG/NAME[@REVISION], "
-                   "timm:NAME[@REVISION]) fetched through huggingface_hub's cache "
-                   "(HF_HUB_OFFLINE=1: the cache only). A checkpoint's own preprocessing "
-                   "and class names come along. Default: random weights (seeded).")
+                   "(.safetensors / .pth / .bin), a Hugging Face directory whose config.json "
+                   "model_type is one of {model_types} (docs/checkpoints.md), or a hub name "
+                   "(hf:ORG/NAME[@REVISION], timm:NAME[@REVISION]) fetched through "
+                   "huggingface_hub's cache (HF_HUB_OFFLINE=1: the cache only). A "
+                   "checkpoint's own preprocessing and class names come along. Default: "
+                   "random weights (seeded).")
 @click.option("--from", "source", type=click.Choice(["auto", "vit-deploy", "timm", "hf"]),
               default="auto", show_default=True, help="Checkpoint format.")
 @click.option("--heads", type=click.IntRange(1, 1024), default=None,

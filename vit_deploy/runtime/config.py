@@ -10,7 +10,9 @@ from typing import Any
 
 POS_EMBED_KINDS = ("learned", "factorized", "rope")  # rope: 2-D rotary, no table (DINOv3)
 POOLS = ("cls", "mean", "map")  # map: attention pooling with a learned probe (SigLIP)
-ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu")  # exact erf GELU, tanh approximation, CLIP's
+ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu")  # erf GELU, tanh GELU, CLIP's, SiLU
+# plain: fc2(act(fc1 x)); gated: fc2(act(gate x) * up x), SwiGLU with act silu (DINOv3 H+ / 7B)
+MLPS = ("plain", "gated")
 INTERP_MODES = ("bicubic", "bilinear")
 PATCH_SIZES = (8, 14, 16, 32)
 
@@ -107,11 +109,12 @@ class ViTConfig:
     trained_patch_size: int | None = None
     # Families beyond ViT / DeiT / DINOv2 (CLIP, SigLIP, DINOv3); the defaults are the
     # classic ViT, so bundles written before these fields existed load unchanged.
-    act: str = "gelu"  # the MLP's activation: gelu | gelu_tanh (SigLIP) | quick_gelu (CLIP)
+    act: str = "gelu"  # the MLP's activation: gelu | gelu_tanh (SigLIP) | quick_gelu (CLIP) | silu
     pre_norm: bool = False  # a LayerNorm on the embedded tokens, before the blocks (CLIP)
     patch_bias: bool = True  # the patch embedding's bias (CLIP has none)
     proj_dim: int = 0  # a bias-free projection of the pooled vector (CLIP image embedding); 0 none
     rope_theta: float = 100.0  # pos_embed 'rope': the base of the rotary frequencies (DINOv3)
+    mlp: str = "plain"  # plain | gated (MLPS; DINOv3 H+ / 7B): export/mlp.py
     name: str = field(default="")
 
     def __post_init__(self) -> None:
@@ -127,6 +130,7 @@ class ViTConfig:
              f"pos_embed must be one of {POS_EMBED_KINDS}, got {self.pos_embed!r}"),
             (self.pool in POOLS, f"pool must be one of {POOLS}, got {self.pool!r}"),
             (self.act in ACTIVATIONS, f"act must be one of {ACTIVATIONS}, got {self.act!r}"),
+            (self.mlp in MLPS, f"mlp must be one of {MLPS}, got {self.mlp!r}"),
             (self.proj_dim >= 0 and not (self.proj_dim and self.num_classes),
              f"proj_dim must be >= 0 and a projection has no classifier after it, got "
              f"proj_dim {self.proj_dim} with num_classes {self.num_classes}"),

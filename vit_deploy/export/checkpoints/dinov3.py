@@ -1,5 +1,7 @@
-"""The DINOv3 ViT (DINOv3ViTModel): rotary positions, registers, layer scale; the absent
-q/k/v, output and MLP biases are zeros (tower.load_tower)."""
+"""The DINOv3 ViT (DINOv3ViTModel): rotary positions, registers, layer scale, the MLP plain
+or gated (use_gated_mlp: SwiGLU with hidden_act silu, the H+ / 7B models; gate_proj ->
+mlp.gate, up_proj -> mlp.fc1, down_proj -> mlp.fc2); the absent q/k/v, output and MLP biases
+are zeros (tower.load_tower)."""
 
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ def config(t: Tower) -> dict[str, Any]:
 
 
 KEYS = TowerKeys(layers=("layer.", "model.layer."), attention="attention.", out="o_proj",
-                 mlp=("mlp.up_proj", "mlp.down_proj"), norms=("norm1", "norm2"),
+                 mlp=("mlp.up_proj", "mlp.down_proj"), gate="mlp.gate_proj",
+                 norms=("norm1", "norm2"),
                  patch="patch_embeddings", tokens=tokens,
                  layer_scale=(("ls1.gamma", "layer_scale1.lambda1"),
                               ("ls2.gamma", "layer_scale2.lambda1")))

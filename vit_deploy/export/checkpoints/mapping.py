@@ -55,7 +55,7 @@ def _build_mapped(cfg: ViTConfig, state: dict[str, torch.Tensor], given: dict[st
                              needs=f"config.json ({kind}, {cfg.depth} layers)")
     ours = {}
     for mine, theirs in spec:
-        t = _joined(state, theirs)
+        t = _joined(state, theirs, where=where, mine=mine)
         ours[mine] = convert[mine](t) if mine in convert else t
     shapes = _expected_shapes(cfg, blocks=cfg.depth) or {}
     wrong = [f"{mine} (from {', '.join(theirs)}): checkpoint {tuple(ours[mine].shape)} vs "
@@ -67,9 +67,19 @@ def _build_mapped(cfg: ViTConfig, state: dict[str, torch.Tensor], given: dict[st
     return _built(cfg, ours, where=where, ignored=ignored, stacklevel=4)
 
 
-def _joined(state: dict[str, torch.Tensor], theirs: Sequence[str]) -> torch.Tensor:
-    """Our one tensor from their one or several (concatenated: separate q, k, v)."""
-    return torch.cat([state[t] for t in theirs]) if len(theirs) > 1 else state[theirs[0]]
+def _joined(state: dict[str, torch.Tensor], theirs: Sequence[str], *,
+            where: str = "the checkpoint", mine: str = "one tensor") -> torch.Tensor:
+    """Our one tensor (`mine`) from their one or several, concatenated along the first
+    dimension (separate q, k, v; a gated MLP's gate and up): a CheckpointError naming every
+    shape when the others do not agree."""
+    parts = [state[t] for t in theirs]
+    if len(parts) == 1:
+        return parts[0]
+    if any(p.dim() == 0 for p in parts) or len({tuple(p.shape[1:]) for p in parts}) > 1:
+        raise CheckpointError(f"{where}: {mine} is {', '.join(theirs)} stacked, so they must "
+                              f"agree on every dimension but the first; their shapes are "
+                              f"{', '.join(str(tuple(p.shape)) for p in parts)}")
+    return torch.cat(parts)
 
 
 def _built(cfg: ViTConfig, ours: dict[str, torch.Tensor], *, where: str, ignored: Sequence[str],

@@ -23,7 +23,8 @@ from vit_deploy.export.model import ViT
 from vit_deploy.runtime.config import ViTConfig
 
 # What each tower's config.json `hidden_act` becomes (others are refused).
-TOWER_ACTS = {"quick_gelu": "quick_gelu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh"}
+TOWER_ACTS = {"quick_gelu": "quick_gelu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
+              "silu": "silu", "swish": "silu"}
 # The config fields a tower has unless its family says otherwise (Family.config).
 TOWER_FIELDS = dict(class_token=False, pos_prefix_tokens=0, fc_norm=False, pool="mean",
                     pos_embed="learned", pos_interp="bicubic", pos_antialias=False,
@@ -60,6 +61,7 @@ class TowerKeys:
     patch: str  # under embeddings.
     tokens: Callable[[Tower], None]  # class / register tokens, positions, last norms
     layer_scale: tuple[tuple[str, str], ...] = ()  # our block key <- theirs
+    gate: str = ""  # with mlp[0], mlp.gate_fc1 when config.json says use_gated_mlp (DINOv3)
     patch_bias: bool = True
     map_head: bool = False  # an attention-pooling head (head.) when the file has one
 
@@ -91,11 +93,12 @@ def load_tower(directory: Path, kind: str, hf: dict[str, Any], family: Family) -
     heads, patch = get.int("num_attention_heads"), get.pair("patch_size")
     in_chans, hidden = get.int("num_channels", 3), get.int("intermediate_size")
     norm_eps = get.number("layer_norm_eps", family.norm_eps)
-    act = hf.get("hidden_act", "gelu")
-    if act not in TOWER_ACTS or hf.get("use_gated_mlp", False):
-        raise CheckpointError(f"{where}: only {sorted(TOWER_ACTS)} MLPs are supported, the "
-                              f"checkpoint uses {act!r}"
-                              + (" in a gated MLP" if hf.get("use_gated_mlp") else ""))
+    act, gated = hf.get("hidden_act", "gelu"), get.bool("use_gated_mlp", False)
+    if not isinstance(act, str) or act not in TOWER_ACTS:
+        raise CheckpointError(f"{where}: hidden_act must be one of {sorted(TOWER_ACTS)}, the "
+                              f"checkpoint uses {act!r}" + (" in a gated MLP" if gated else ""))
+    if gated and not keys.gate:
+        raise CheckpointError(f"{where}: use_gated_mlp is read for DINOv3 only, not {kind}")
     if width % heads:
         raise CheckpointError(f"{str(config_path)!r}: num_attention_heads {heads} does not "
                               f"divide hidden_size {width}")
@@ -131,8 +134,11 @@ def load_tower(directory: Path, kind: str, hf: dict[str, Any], family: Family) -
         spec += [(o + "attn.proj.weight", (out + ".weight",)),
                  (o + "attn.proj.bias", (bias(out + ".bias", width),))]
         fc1, fc2 = b + keys.mlp[0], b + keys.mlp[1]
-        spec += [(o + "mlp.fc1.weight", (fc1 + ".weight",)),
-                 (o + "mlp.fc1.bias", (bias(fc1 + ".bias", hidden),)),
+        up = (b + keys.gate, fc1) if gated else (fc1,)  # gated: [gate; up] (export/mlp.py)
+        spec += [(o + ("mlp.gate_fc1" if gated else "mlp.fc1") + ".weight",
+                  tuple(t + ".weight" for t in up)),
+                 (o + ("mlp.gate_fc1" if gated else "mlp.fc1") + ".bias",
+                  tuple(bias(t + ".bias", hidden) for t in up)),
                  (o + "mlp.fc2.weight", (fc2 + ".weight",)),
                  (o + "mlp.fc2.bias", (bias(fc2 + ".bias", width),))]
         spec += [(o + f"norm{n}.{p}", (b + f"{theirs}.{p}",))
@@ -165,6 +171,7 @@ def load_tower(directory: Path, kind: str, hf: dict[str, Any], family: Family) -
             mlp_ratio=_mlp_ratio(hidden, width), num_classes=0,
             qkv_bias=any(k.endswith("attn.qkv.bias") for k, _ in spec), norm_eps=norm_eps,
             num_registers=tower.regs, layer_scale=bool(keys.layer_scale), act=TOWER_ACTS[act],
+            mlp="gated" if gated else "plain",
             patch_bias=keys.patch_bias, rope_theta=get.number("rope_theta", 100.0), mean=mean,
             std=std, name=f"hf-{kind.removesuffix('_vision_model').removesuffix('_vit')}",
             **fields)
