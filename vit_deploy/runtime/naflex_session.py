@@ -1,0 +1,111 @@
+"""A SigLIP 2 NaFlex graph (export/naflex.py) in ONNX Runtime, torch-free: images of any
+aspect ratio, one batch, each image's pooled embedding and its patch tokens on its own grid.
+
+The graph carries what this needs in its metadata: our config (patch size, normalisation)
+and the NaFlex marker (its inputs are patches + mask + grids, not an NCHW image).
+Shapes in comments: B batch, N max_num_patches, D width, gh/gw an image's grid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from vit_deploy.runtime.contract import MODEL_FILE
+from vit_deploy.runtime.errors import BAD_INPUT, VitDeployError
+from vit_deploy.runtime.manifest_parts import BundleError
+from vit_deploy.runtime.naflex import (ATTENTION_MASK, METADATA_NAFLEX_KEY, NAFLEX_INPUTS,
+                                       NAFLEX_OUTPUTS, PIXEL_VALUES, SPATIAL_SHAPES,
+                                       MAX_NUM_PATCHES, NaFlexBatch, NaFlexPreprocess)
+from vit_deploy.runtime.ort_session import (RuntimeOptions, _config_from_metadata,
+                                            _create_session)
+from vit_deploy.runtime.preprocess import ImageInput
+from vit_deploy.runtime.providers import ProviderSpec, parse_providers
+
+
+class NaFlexInputError(VitDeployError, ValueError):
+    """A NaFlexBatch the graph cannot take: says which input and what was expected."""
+
+    exit_code = BAD_INPUT
+
+
+@dataclass(frozen=True)
+class NaFlexFeatures:
+    """What a batch of images gives: pooled (B, D), and per image its patch tokens on its
+    own grid (gh, gw, D), padding dropped."""
+
+    pooled: np.ndarray
+    tokens: list[np.ndarray]
+
+
+class NaFlexSession:
+    """NaFlexSession(model.onnx or a folder holding it): features(images) -> NaFlexFeatures.
+
+    `max_num_patches`: each image's patch budget (Siglip2ImageProcessor's rule); more
+    patches, finer grids, slower runs."""
+
+    def __init__(self, model: str | Path, *,
+                 provider: ProviderSpec | Sequence[ProviderSpec] = "cpu",
+                 options: RuntimeOptions = RuntimeOptions(),
+                 max_num_patches: int = MAX_NUM_PATCHES):
+        path = Path(model)
+        path = path / MODEL_FILE if path.is_dir() else path
+        if not path.is_file():
+            raise BundleError(f"no NaFlex model at {str(path)!r} (expected an .onnx file or a "
+                              f"folder holding {MODEL_FILE})")
+        self.session, _, _ = _create_session(path, parse_providers(provider), options,
+                                             fallback=False)
+        meta = self.session.get_modelmeta().custom_metadata_map
+        names = ([i.name for i in self.session.get_inputs()],
+                 [o.name for o in self.session.get_outputs()])
+        if METADATA_NAFLEX_KEY not in meta or names != (list(NAFLEX_INPUTS), list(NAFLEX_OUTPUTS)):
+            raise BundleError(f"{str(path)!r} is not a NaFlex graph: expected inputs "
+                              f"{list(NAFLEX_INPUTS)}, outputs {list(NAFLEX_OUTPUTS)} and the "
+                              f"{METADATA_NAFLEX_KEY!r} metadata; got inputs {names[0]}, "
+                              f"outputs {names[1]} (export it with export_naflex_onnx)")
+        cfg = _config_from_metadata(self.session)
+        if cfg is None:
+            raise BundleError(f"{str(path)!r} carries no vit-deploy config in its metadata")
+        self.config, self.path = cfg, path
+        self.preprocess = NaFlexPreprocess(patch_size=cfg.patch_size, mean=cfg.mean,
+                                           std=cfg.std, max_num_patches=max_num_patches)
+
+    def run(self, batch: NaFlexBatch) -> dict[str, np.ndarray]:
+        """The graph on prepared inputs -> {pooled (B, D), last_hidden_state (B, N, D)}."""
+        self.validate(batch)
+        return dict(zip(NAFLEX_OUTPUTS, self.session.run(None, batch.feeds())))
+
+    def features(self, images: Sequence[ImageInput]) -> NaFlexFeatures:
+        """Images (paths, bytes, PIL images or HWC uint8 arrays, any sizes) -> features."""
+        batch = self.preprocess(images)
+        out = self.run(batch)
+        tokens = [last[:gh * gw].reshape(gh, gw, -1) for last, (gh, gw)
+                  in zip(out[NAFLEX_OUTPUTS[1]], batch.spatial_shapes.tolist())]
+        return NaFlexFeatures(out[NAFLEX_OUTPUTS[0]], tokens)
+
+    def validate(self, batch: NaFlexBatch) -> None:
+        """Shapes, dtypes and grids against the graph: NaFlexInputError naming the input."""
+        values, mask, shapes = batch
+        P, C = self.config.patch_size, self.config.in_chans
+        expected = {PIXEL_VALUES: (values, 3, np.float32, P * P * C),
+                    ATTENTION_MASK: (mask, 2, np.int32, None),
+                    SPATIAL_SHAPES: (shapes, 2, np.int64, 2)}
+        for name, (a, ndim, dtype, last) in expected.items():
+            if not isinstance(a, np.ndarray) or a.ndim != ndim or a.dtype != dtype or (
+                    last is not None and a.shape[-1] != last):
+                got = (f"{a.dtype} {a.shape}" if isinstance(a, np.ndarray) else type(a).__name__)
+                raise NaFlexInputError(f"{name}: expected a {ndim}-D {np.dtype(dtype)} array"
+                                       f"{f' ending in {last}' if last else ''}, got {got}")
+        B, N = values.shape[:2]
+        if mask.shape != (B, N) or shapes.shape[0] != B:
+            raise NaFlexInputError(f"expected {ATTENTION_MASK} ({B}, {N}) and {SPATIAL_SHAPES} "
+                                   f"({B}, 2) for {PIXEL_VALUES} {values.shape}, got "
+                                   f"{mask.shape} and {shapes.shape}")
+        cells = shapes.prod(axis=1)
+        if B == 0 or (shapes < 1).any() or (cells > N).any() or (mask.sum(1) != cells).any():
+            raise NaFlexInputError(f"every image needs a grid of 1..{N} patches and that many "
+                                   f"real patches in its mask; got grids {shapes.tolist()}, "
+                                   f"real patches {mask.sum(1).tolist()}")
