@@ -121,7 +121,9 @@ def _load_engine(engine: str, bundle: Path, graphs: dict[str, str], batch: int, 
 
         return s.run, f"onnxruntime {ort.__version__} {s.providers[0]}"
     if kind == "openvino":
-        import openvino as ov
+        from vit_deploy.runtime.ov_session import import_openvino_quietly
+
+        ov = import_openvino_quietly()  # no usage event posted (docs/guarantees.md)
 
         # engine -> (our file, OpenVINO's inference precision for what is not int8; None:
         # its default, bf16 on CPUs with AMX)
@@ -192,10 +194,10 @@ def _spawn(args: argparse.Namespace, engine: str, h: int, w: int, batch: int) ->
 def _available(engine: str) -> str | None:
     """Why an engine cannot run here (None: it can)."""
     if engine.startswith("openvino:"):
-        try:
-            import openvino  # noqa: F401
-        except ImportError:
-            return "OpenVINO is not installed (pip install 'vit-deploy[peers]')"
+        import importlib.util
+
+        if importlib.util.find_spec("openvino") is None:
+            return "OpenVINO is not installed (pip install 'vit-deploy[openvino]')"
     return None
 
 

@@ -10,7 +10,7 @@ from vit_deploy.export.bundle import ExportOptions, export_bundle
 
 
 def test_check_every_case_against_pytorch(quantised_bundle):
-    report = run_check(quantised_bundle, CheckOptions(providers=("cpu", "openvino"),
+    report = run_check(quantised_bundle, CheckOptions(providers=("cpu", "coreml"),
                                                       batches=(1, 3)))
     assert report, report.to_markdown()  # CheckReport is true when every case passed
     labels = {(c.label, c.precision) for c in report.parity.cases}
@@ -20,20 +20,20 @@ def test_check_every_case_against_pytorch(quantised_bundle):
     assert all(c.provider == "cpu" for c in report.parity.cases)
     names = {(k.name, k.subject) for k in report.parity.checks}
     assert ("batch-independence", "cpu:int8") in names and ("determinism", "cpu:fp32") in names
-    assert "openvino" in report.unavailable  # reported, not skipped
+    assert "coreml" in report.unavailable  # reported, not skipped
     md = report.to_markdown()
-    assert "| 24x40 b3 | cpu | int8 |" in md and "openvino: not available" in md
+    assert "| 24x40 b3 | cpu | int8 |" in md and "coreml: not available" in md
     assert json.loads(report.to_json())["passed"] is True
 
 
 def test_require_makes_an_unavailable_provider_fail(quantised_bundle, tmp_path):
-    r = CliRunner().invoke(main, ["check", str(quantised_bundle), "--provider", "cpu,openvino",
+    r = CliRunner().invoke(main, ["check", str(quantised_bundle), "--provider", "cpu,coreml",
                                   "--precision", "fp32", "--batch", "1", "--require",
                                   "--json", str(tmp_path / "c.json"),
                                   "--markdown", str(tmp_path / "c.md")])
-    assert r.exit_code == 1 and "openvino: not available here (required)" in r.output
+    assert r.exit_code == 1 and "coreml: not available here (required)" in r.output
     data = json.loads((tmp_path / "c.json").read_text())
-    assert data["passed"] is False and data["unavailable"]["openvino"]
+    assert data["passed"] is False and data["unavailable"]["coreml"]
     assert (tmp_path / "c.md").read_text().startswith("# vit-deploy check")
 
 

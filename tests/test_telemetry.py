@@ -74,17 +74,31 @@ NODE = ("const {{ ViT }} = await import({web!r}); const v = await ViT.load({b!r}
         "console.log((await v.classify({p!r})).top)")
 
 
-@pytest.mark.parametrize("entry", ["library", "cli predict", "cli check", "node"])
+@pytest.mark.parametrize("entry", ["library", "cli predict", "cli check", "node",
+                                   "cli predict openvino"])
 def test_no_entry_point_writes_the_event_store_or_connects(tmp_path, bundle, entry):
     argv = {
         "library": [sys.executable, "-c", LIBRARY.format(b=str(bundle), p=str(PHOTO))],
         "cli predict": [sys.executable, "-m", "vit_deploy.cli", "predict", str(bundle), str(PHOTO)],
         "cli check": [sys.executable, "-m", "vit_deploy.cli", "check", str(bundle), "--quiet"],
+        "cli predict openvino": [sys.executable, "-m", "vit_deploy.cli", "predict", str(bundle),
+                                 str(PHOTO), "--provider", "openvino"],
         "node": ["node", "--input-type=module", "-e", NODE.format(
             web=(ROOT / "web" / "src" / "node.mjs").as_uri(), b=str(bundle), p=str(PHOTO))],
     }[entry]
     left, calls = _run(tmp_path, argv)
     assert left == [] and calls == [], (left, calls)
+    # nothing of anyone's telemetry either (OpenVINO's keeps its consent and ids in HOME)
+    written = sorted(str(p.relative_to(tmp_path / "home")) for p in (tmp_path / "home").rglob("*"))
+    assert written == [], written
+
+
+def test_the_control_openvino_alone_posts_on_import(tmp_path):
+    """`import openvino` (2026.4) sends a usage event from a forked process: what the
+    "cli predict openvino" case above would see without the runtime's quiet import."""
+    left, calls = _run(tmp_path, [sys.executable, "-c", "import openvino, time; time.sleep(2)"])
+    assert calls, "import openvino made no connection: the control no longer shows anything"
+    assert (tmp_path / "home" / "intel").exists()
 
 
 def test_the_documented_opt_in_lets_onnx_runtime_collect(tmp_path, bundle):

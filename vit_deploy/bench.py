@@ -1,8 +1,9 @@
 """Provider comparison: latency percentiles, throughput, cold start, memory.
 
-ONNX Runtime cases that are compared run in one process, interleaved run by run, each
-over several fresh sessions (the same graph can land on latency levels about 25 % apart
-from one session to the next), so ratios between them survive a noisy machine. The
+ONNX Runtime (and OpenVINO: provider `openvino`) cases that are compared run in one
+process, interleaved run by run, each over several fresh sessions (the same graph can land
+on latency levels about 25 % apart from one session to the next), so ratios between them
+survive a noisy machine. The
 PyTorch baseline runs alone in a fresh process first (bench_torch.py).
 """
 
@@ -20,7 +21,7 @@ import numpy as np
 from vit_deploy.bench_machine import environment, gpu_memory_mb, rss_mb, thread_scaling
 from vit_deploy.bench_report import BenchReport, CaseResult
 from vit_deploy.runtime.manifest import load_manifest
-from vit_deploy.runtime.providers import CPU, parse_providers, short_name
+from vit_deploy.runtime.providers import CPU, OPENVINO, parse_providers, short_name
 from vit_deploy.runtime.ort_session import RuntimeOptions
 from vit_deploy.runtime.session import ViTSession
 from vit_deploy.runtime.sizes import guard_memory
@@ -80,11 +81,13 @@ def run_bench(bundle: str | Path, options: BenchOptions = BenchOptions(),
     guard_memory(*largest, cfg, batch=max(options.batches))
     groups = [(hw, b, t) for hw in resolutions for b in options.batches for t in options.threads]
     probe_threads = max((t or os.cpu_count() or 1) for t in options.threads)
-    probe = probe_threads > 1 and (CPU in providers or options.baseline_torch)
+    probe = probe_threads > 1 and (CPU in providers or f"{OPENVINO}CPU" in providers
+                                   or options.baseline_torch)
     scaling_before = thread_scaling(probe_threads) if probe else None
     total = len(groups) * (options.runs if options.seconds is None else 1)
     done = 0
     cases: list[CaseResult] = []
+    engines: dict[str, str] = {}  # what ran besides onnxruntime: {"openvino": "2026.4.1"}
     for hw, batch, threads in groups:
         x = np.random.default_rng(0).standard_normal((batch, cfg.in_chans, *hw), dtype=np.float32)
         runners: list[tuple[CaseResult, list[Callable[[], Any]]]] = []
@@ -93,10 +96,10 @@ def run_bench(bundle: str | Path, options: BenchOptions = BenchOptions(),
         for provider in providers:
             for precision in options.precisions:
                 runners.append(_ort_runner(bundle, provider, precision, x, hw, batch, threads,
-                                           options))
+                                           options, engines=engines))
                 if options.target is not None:
                     runners.append(_ort_runner(bundle, provider, precision, x, hw, batch, threads,
-                                               options, target=options.target))
+                                               options, target=options.target, engines=engines))
         live = [(c, fns) for c, fns in runners if fns]
         for _ in range(options.warmup):
             for _, fns in live:
@@ -130,7 +133,7 @@ def run_bench(bundle: str | Path, options: BenchOptions = BenchOptions(),
                 case.ratio_to_torch = case.stats()["p50_ms"] / base.stats()["p50_ms"]
             cases.append(case)
         del runners, live
-    env = environment() | {"peak_rss_mb": round(rss_mb(peak=True), 1)}
+    env = environment() | engines | {"peak_rss_mb": round(rss_mb(peak=True), 1)}
     if probe:
         env["thread_scaling"] = {"threads": probe_threads, "before": round(scaling_before, 2),
                                  "after": round(thread_scaling(probe_threads), 2)}
@@ -141,8 +144,11 @@ def run_bench(bundle: str | Path, options: BenchOptions = BenchOptions(),
 
 
 def _ort_runner(bundle: Path, provider: str, precision: str, x: np.ndarray, hw, batch, threads,
-                options: BenchOptions, target: str | None = None
+                options: BenchOptions, target: str | None = None,
+                engines: dict[str, str] | None = None
                 ) -> tuple[CaseResult, list[Callable[[], Any]]]:
+    """A provider's case: its sessions (ONNX Runtime's, or OpenVINO's), each run once; the
+    engine that ran and its version go into `engines` (onnxruntime's is in every report)."""
     case = CaseResult(provider="", requested=short_name(provider), precision=precision,
                       resolution=tuple(hw), batch=batch, threads=threads,
                       graph=f"bucket:{target}" if target else "dynamic")
@@ -165,6 +171,9 @@ def _ort_runner(bundle: Path, provider: str, precision: str, x: np.ndarray, hw, 
             s.run(x)
             case.cold_start_ms = case.cold_start_ms or (time.perf_counter() - t0) * 1000
             case.provider = short_name(s.providers[0])
+            name, _, version = s.engine.partition(" ")
+            if engines is not None and name != "onnxruntime":
+                engines[name] = version
             if s.fallback_reason:
                 case.status = f"fell back: {s.fallback_reason}"
             elif s.split_batches and batch > 1:

@@ -50,6 +50,7 @@ class CheckReport:
     unavailable: dict[str, str] = field(default_factory=dict)  # provider -> why
     require: bool = False
     reference: str = PYTORCH_REFERENCE
+    engines: list[str] = field(default_factory=list)  # what ran: 'onnxruntime 1.31.1', ...
 
     def __bool__(self) -> bool:
         """Passed: every case and check held, at least one case was compared (a check that
@@ -69,7 +70,8 @@ class CheckReport:
         return {**envelope("check", bundle=self.bundle, device=device(),
                            reference=self.reference, passed=bool(self)),
                 **self.parity.to_dict(), "passed": bool(self), "latency": [],
-                "unavailable": self.unavailable, "require": self.require}
+                "unavailable": self.unavailable, "require": self.require,
+                "engines": self.engines}
 
     def to_json(self) -> str:
         return dumps_strict(self.to_dict())
@@ -77,7 +79,9 @@ class CheckReport:
     def __rich__(self) -> Any:
         from rich.console import Group
 
-        lines: list[Any] = [f"{self.bundle} vs {self.reference}", self.parity]
+        lines: list[Any] = [f"{self.bundle} vs {self.reference}"
+                            + (f" (ran on {', '.join(self.engines)})" if self.engines else ""),
+                            self.parity]
         for provider, why in self.unavailable.items():
             lines.append(f"{provider}: not available here"
                          f"{' (required)' if self.require else ''}: {why}")
@@ -190,6 +194,8 @@ def _sessions(bundle: Path, options: CheckOptions, precisions: tuple[str, ...],
                 report.unavailable.setdefault(alias, str(e).splitlines()[0])
                 continue
             with session:
+                if session.engine not in report.engines:
+                    report.engines.append(session.engine)
                 yield short_name(session.providers[0]), precision, session
 
 

@@ -69,8 +69,9 @@ def bench(paths: tuple[Path, ...], providers: str, precisions: tuple[str, ...],
     """Measure latency, throughput, cold start and memory per provider and precision.
 
     Cases run in one process, interleaved run by run, over several sessions each.
-    Every row says which provider actually ran. With --compare, show saved reports
-    (`bench --compare a.json b.json c.json`) side by side instead.
+    Every row says which provider actually ran (openvino: the OpenVINO engine). With
+    --compare, show saved reports (`bench --compare a.json b.json c.json`) side by side
+    instead.
 
     \b
     Example:

@@ -43,11 +43,13 @@ def check(bundle: Path, providers: str, precisions: tuple[str, ...] | None,
     stores: every provider × precision × stored case, by the same tolerance policy.
 
     Also batch independence and determinism per provider and precision. Exits 1 if
-    any case fails (or, with --require, if a provider is not available here).
+    any case fails (or, with --require, if a provider is not available here). Each row
+    names the provider that ran; openvino runs on OpenVINO where it is installed.
 
     \b
     Example:
       vit-deploy check vit-B16-224 --provider cpu,cuda --precision all --json check.json
+      vit-deploy check vit-B16-224 --provider cpu,openvino --reference bundle
     """
     from vit_deploy.check import CheckOptions, run_check
     from vit_deploy.progress import steps

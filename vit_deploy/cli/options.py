@@ -245,12 +245,13 @@ def provider_option(*, measured: bool) -> Decorator:
         return click.option("--provider", "--providers", "providers", default="cpu",
                             show_default=True, metavar="P1,P2,...",
                             help="Providers to measure, comma-separated (cpu, cuda, tensorrt, "
-                                 "...; `vit-deploy providers` lists them): each one listed "
-                                 "is measured. --providers is the old spelling, still accepted.")
+                                 "openvino, ...; `vit-deploy providers` lists them): each one "
+                                 "listed is measured. --providers is the old spelling, still "
+                                 "accepted.")
     return click.option("--provider", default="cpu", show_default=True, metavar="P1,P2,...",
                         help="Provider, or a comma-separated list in order of preference "
-                             "(cpu, cuda, tensorrt, ...): the first one active here runs, "
-                             "and the output says which.")
+                             "(cpu, cuda, tensorrt, openvino, ...): the first one active here "
+                             "runs, and the output says which.")
 
 
 def precision_option(help: str, **kw: Any) -> Decorator:

@@ -1,4 +1,5 @@
-"""`vit-deploy providers`: which ONNX Runtime package, what it lists, what really runs."""
+"""`vit-deploy providers`: which ONNX Runtime package, what it lists, what really runs;
+OpenVINO's devices where the openvino package is installed."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from vit_deploy.cli.options import (console, emit_json, json_option, json_to_std
 @quiet_option("only the aliases of the providers usable here, one a line")
 def providers(json_out: Path | None, quiet: bool) -> None:
     """Which package installed onnxruntime (onnxruntime-gpu, onnxruntime, ...), what it
-    lists, and whether a session really runs on each provider here.
+    lists, and whether a session really runs on each provider here; where the openvino
+    package is installed, its devices too (openvino, openvino-gpu, ...).
 
     \b
     Example:

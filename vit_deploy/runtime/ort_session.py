@@ -33,9 +33,11 @@ OPTIMIZATION_LEVELS = {
 
 @dataclass(frozen=True, kw_only=True)
 class RuntimeOptions:
-    """Session settings. The defaults are what measured fastest on CPU (docs/cpu-speed.md)."""
+    """Session settings. The defaults are what measured fastest on CPU (docs/cpu-speed.md).
+    OpenVINO (runtime/ov_session.py) takes threads (its INFERENCE_NUM_THREADS) and the
+    checks; optimization, cache_optimized, io_binding and spinning are ONNX Runtime's."""
 
-    threads: int | None = None  # intra-op threads; None: ONNX Runtime's default (all cores)
+    threads: int | None = None  # intra-op threads; None: the engine's default (all cores)
     optimization: str = "all"  # disable | basic | extended | all
     cache_optimized: bool = False  # save ORT's optimised graph beside the model, reuse it later
     io_binding: bool = False  # bind inputs/outputs to the provider's device (CUDA)

@@ -1,4 +1,9 @@
-"""Execution providers: short aliases, availability, and what is really active."""
+"""Execution providers: short aliases, availability, and what is really active.
+
+Two engines run a bundle: ONNX Runtime (its execution providers, full names such as
+CUDAExecutionProvider) and OpenVINO (the `openvino` package: names OpenVINO:DEVICE, run by
+runtime/ov_session.py, not by ONNX Runtime). ONNX Runtime's own OpenVINO provider is
+`openvino-ep` (onnxruntime-openvino builds only)."""
 
 from __future__ import annotations
 
@@ -21,7 +26,11 @@ ALIASES: dict[str, str] = {
     "cuda": "CUDAExecutionProvider",
     "tensorrt": "TensorrtExecutionProvider",
     "trt": "TensorrtExecutionProvider",
-    "openvino": "OpenVINOExecutionProvider",
+    "openvino": "OpenVINO:CPU",  # the openvino package's CPU device (runtime/ov_session.py)
+    "openvino-cpu": "OpenVINO:CPU",
+    "openvino-gpu": "OpenVINO:GPU",
+    "openvino-npu": "OpenVINO:NPU",
+    "openvino-ep": "OpenVINOExecutionProvider",  # ONNX Runtime's (onnxruntime-openvino)
     "coreml": "CoreMLExecutionProvider",
     "dml": "DmlExecutionProvider",
     "directml": "DmlExecutionProvider",
@@ -32,6 +41,8 @@ ALIASES: dict[str, str] = {
     "webgpu": "WebGpuExecutionProvider",
 }
 CPU = "CPUExecutionProvider"
+OPENVINO = "OpenVINO:"  # prefix of the OpenVINO engine's names: OpenVINO:CPU, OpenVINO:GPU.1
+OPENVINO_INSTALL = "pip install 'vit-deploy[openvino]'"
 
 ProviderSpec = Union[str, tuple[str, Mapping[str, Any]]]
 
@@ -52,6 +63,16 @@ class Provider:
         return short_name(self.name)
 
 
+def is_openvino(full: str) -> bool:
+    """Whether `full` (a resolved name) is run by OpenVINO rather than ONNX Runtime."""
+    return full.startswith(OPENVINO)
+
+
+def openvino_device(full: str) -> str:
+    """'OpenVINO:GPU.1' -> 'GPU.1', the device name OpenVINO takes."""
+    return full[len(OPENVINO):]
+
+
 def short_name(full: str) -> str:
     for alias, name in ALIASES.items():
         if name == full:
@@ -68,11 +89,14 @@ def resolve_name(name: str) -> str:
     key = name.strip()
     if key.lower() in ALIASES:
         return ALIASES[key.lower()]
+    if key.lower().startswith(OPENVINO.lower()) and len(key) > len(OPENVINO):
+        return OPENVINO + key[len(OPENVINO):].upper()  # any OpenVINO device: openvino:gpu.1
     for full in ort.get_all_providers():
         if full.lower() == key.lower() or full.lower() == key.lower() + "executionprovider":
             return full
-    raise ValueError(f"unknown provider {name!r}; known: {', '.join(sorted(ALIASES))} "
-                     f"or a full ONNX Runtime name such as 'CUDAExecutionProvider'")
+    raise ValueError(f"unknown provider {name!r}; known: {', '.join(sorted(ALIASES))}, "
+                     f"a full ONNX Runtime name such as 'CUDAExecutionProvider', or "
+                     f"'openvino:DEVICE'")
 
 
 def parse_providers(spec: ProviderSpec | Sequence[ProviderSpec]) -> list[Provider]:
@@ -104,6 +128,24 @@ def parse_providers(spec: ProviderSpec | Sequence[ProviderSpec]) -> list[Provide
 def available() -> list[str]:
     """Providers this onnxruntime build lists. Listed is not the same as able to run."""
     return list(ort.get_available_providers())
+
+
+def openvino_devices() -> tuple[str, list[str]]:
+    """(OpenVINO's version, the devices it lists here); ImportError where the openvino
+    package is not installed. Imported only when asked: nothing else loads OpenVINO."""
+    import openvino as ov
+
+    return openvino_version(ov), list(ov.Core().available_devices)
+
+
+def openvino_version(ov: Any) -> str:
+    """'2026.4.1' of OpenVINO's '2026.4.1-22982-e213a147257-releases/2026/4'."""
+    return str(ov.__version__).split("-")[0]
+
+
+def openvino_lists(device: str, devices: Sequence[str]) -> bool:
+    """Whether `device` ('GPU', 'GPU.1') is among OpenVINO's `devices` ('GPU.0', 'GPU.1')."""
+    return any(d == device or d.startswith(device + ".") for d in devices)
 
 
 # -- what ORT says when a provider fails ------------------------------------------------
@@ -163,6 +205,8 @@ class ProbeResult:
 def probe(name: str, options: Mapping[str, Any] | None = None) -> ProbeResult:
     """Try to create a session on `name` alone (a one-node model): does it really run here?"""
     full = resolve_name(name)
+    if is_openvino(full):
+        return _probe_openvino(full)
     if full not in available():
         return ProbeResult(full, listed=False, usable=False,
                            reason="not in this onnxruntime build's provider list")
@@ -186,6 +230,30 @@ def probe(name: str, options: Mapping[str, Any] | None = None) -> ProbeResult:
     return ProbeResult(full, listed=True, usable=False, reason=error or failure_reason(log[0]))
 
 
+def _probe_openvino(full: str) -> ProbeResult:
+    """A one-node model compiled and run on the OpenVINO device `full` names."""
+    try:
+        import numpy as np
+        import openvino as ov
+        import openvino.opset13 as ops
+    except ImportError:
+        return ProbeResult(full, listed=False, usable=False,
+                           reason=f"the openvino package is not installed ({OPENVINO_INSTALL})")
+    core = ov.Core()
+    device, devices = openvino_device(full), list(core.available_devices)
+    if not openvino_lists(device, devices):
+        return ProbeResult(full, listed=False, usable=False,
+                           reason=f"OpenVINO {openvino_version(ov)} lists the devices "
+                                  f"{devices} here")
+    x = ops.parameter([1, 4], ov.Type.f32, name="x")
+    try:
+        compiled = core.compile_model(ov.Model([ops.relu(x)], [x], "probe"), device)
+        compiled.create_infer_request().infer([np.zeros((1, 4), np.float32)])
+    except RuntimeError as e:  # OpenVINO's errors are RuntimeErrors
+        return ProbeResult(full, listed=True, usable=False, reason=str(e).strip()[:300])
+    return ProbeResult(full, listed=True, usable=True)
+
+
 def distributions() -> list[str]:
     """The installed distributions that provide the `onnxruntime` module: onnxruntime-gpu
     (CPU, CUDA, TensorRT) or onnxruntime (CPU; CoreML on macOS; ...), or another build
@@ -203,6 +271,7 @@ class ProbeReport:
     device: str
     results: list[ProbeResult]
     distributions: list[str] = field(default_factory=list)  # who installed `onnxruntime`
+    openvino: str | None = None  # the openvino package's version; None: not installed
 
     @property
     def distribution(self) -> str:
@@ -218,7 +287,7 @@ class ProbeReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"onnxruntime": self.version, "distributions": self.distributions,
-                "device": self.device,
+                "device": self.device, "openvino": self.openvino,
                 "providers": [r.__dict__ | {"alias": r.alias} for r in self.results]}
 
     def __rich__(self) -> Any:
@@ -230,9 +299,18 @@ class ProbeReport:
         for r in self.results:
             table.add_row(r.name, r.alias, "yes" if r.usable else "no (see below)")
         notes = [f"{r.alias}: {r.reason}" for r in self.results if not r.usable]
+        if self.openvino:
+            notes.append(f"{OPENVINO}* rows: OpenVINO {self.openvino} (the openvino package) "
+                         f"runs them, not onnxruntime")
         return Group(table, *notes, *([f"warning: {self.conflict}"] if self.conflict else []))
 
 
 def probe_all() -> ProbeReport:
-    return ProbeReport(ort.__version__, ort.get_device(), [probe(n) for n in available()],
-                       distributions())
+    """ONNX Runtime's listed providers, then OpenVINO's devices where it is installed."""
+    results = [probe(n) for n in available()]
+    try:
+        version, devices = openvino_devices()
+    except ImportError:
+        version, devices = None, []
+    results += [probe(OPENVINO + d) for d in devices]
+    return ProbeReport(ort.__version__, ort.get_device(), results, distributions(), version)

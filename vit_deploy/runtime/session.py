@@ -1,4 +1,5 @@
-"""ViTSession: run a bundle (or one .onnx file) with ONNX Runtime. No torch here."""
+"""ViTSession: run a bundle (or one .onnx file) with ONNX Runtime, or OpenVINO where it is
+asked for (runtime/ov_session.py). No torch here."""
 
 from __future__ import annotations
 
@@ -21,11 +22,12 @@ from vit_deploy.runtime.manifest import Manifest, load_manifest
 from vit_deploy.runtime.manifest_parts import BundleError
 from vit_deploy.runtime.model_scan import inspect_model
 from vit_deploy.runtime.ort_session import (RuntimeOptions, _check_manifest_against_model,
-                                            _config_from_metadata, _create_session,
-                                            _session_options)
+                                            _config_from_metadata, _session_options)
+from vit_deploy.runtime.ov_session import create_session
 from vit_deploy.runtime.placement import profile_placement
 from vit_deploy.runtime.preprocess import ImageInput, Preprocess
-from vit_deploy.runtime.providers import CPU, ProviderSpec, parse_providers, short_name
+from vit_deploy.runtime.providers import (CPU, ProviderSpec, is_openvino, parse_providers,
+                                          short_name)
 from vit_deploy.runtime.results import (Classified, Prediction, _check_labels, require_finite,
                                         softmax)
 from vit_deploy.runtime.swap import recover_on_open
@@ -41,14 +43,17 @@ class InputError(VitDeployError, ValueError):
 
 
 class ViTSession:
-    """A context-managed ONNX Runtime session over a bundle directory or a .onnx file.
+    """A context-managed ONNX Runtime (or OpenVINO) session over a bundle directory or a
+    .onnx file.
 
     Providers are checked after the session is created. One provider is strict: if it is
     not active, a ProviderError names what was asked, what is active and ONNX Runtime's
     reason. A list ('cuda,cpu') is an order of preference: the session runs on the first
     active one, warns when that is not the first asked for, and fails only when none is.
     fallback=True also runs on what ONNX Runtime falls back to (CPU) when none is.
-    `providers` says what really runs. Safe to share between threads.
+    'openvino' (openvino-gpu, openvino:DEVICE) is the OpenVINO engine, in a list like any
+    provider ('openvino,cpu'). `providers` says what really runs. Safe to share between
+    threads.
     """
 
     def __init__(self, model: str | Path, *, provider: ProviderSpec | Sequence[ProviderSpec] = "cpu",
@@ -78,9 +83,12 @@ class ViTSession:
             self.requested = tensorrt_defaults(self.requested, path, self.manifest, precision)
         self.batch_coupled = inspect_model(
             self.model_path, set(self.manifest.files) if self.manifest else None)
-        self._session, self.fallback_reason, self.cache_hit = _create_session(
+        self._session, self.fallback_reason, self.cache_hit = create_session(
             self.model_path, self.requested, options, fallback)
         self.providers: list[str] = self._session.get_providers()
+        # what runs it, with its version: 'onnxruntime 1.31.1' or 'openvino 2026.4.1'
+        self.engine = (f"openvino {self._session.version}" if self.openvino
+                       else f"onnxruntime {ort.__version__}")
         stored = _config_from_metadata(self._session)  # what the exporter wrote into the file
         if self.manifest is not None:
             _check_manifest_against_model(self.manifest, stored, self.model_path)
@@ -111,7 +119,7 @@ class ViTSession:
         # its static graph, others on the dynamic one; target "auto" picks the provider's.
         spec = resolve_target(self.manifest, target, self.providers[0], precision)
         self.buckets: BucketRunner | None = None if spec is None else BucketRunner(
-            path, spec, precision, split=self.split_batches, create=lambda p: _create_session(
+            path, spec, precision, split=self.split_batches, create=lambda p: create_session(
                 p, tensorrt_defaults(self.requested, path, self.manifest, precision, graph=p),
                 options, fallback)[0])
 
@@ -175,7 +183,7 @@ class ViTSession:
         return outs
 
     def _run_checked(self, session: ort.InferenceSession, x: np.ndarray) -> dict[str, np.ndarray]:
-        if self.options.io_binding:
+        if self.options.io_binding and not self.openvino:  # OpenVINO: inputs are not copied
             return dict(zip(self.output_names, self._run_bound(session, x)))
         return dict(zip(self.output_names, session.run(None, {self.input_name: x})))
 
@@ -292,10 +300,17 @@ class ViTSession:
         return x
 
     # -- introspection ---------------------------------------------------------------
+    @property
+    def openvino(self) -> bool:
+        """Whether OpenVINO runs this session (else ONNX Runtime)."""
+        return is_openvino(self.providers[0])
+
     def placement(self) -> dict[str, list[str]]:
         """Which provider ran each node, from ONNX Runtime's own profile of one small run:
         {provider alias: [node names]}. Nodes on 'cpu' while another provider was asked
         for are the ones that fell back."""
+        if self._placement is None and self.openvino:  # all on its device, or not compiled
+            self._placement = {short_name(self.providers[0]): self._session.node_names()}
         if self._placement is None:
             by_name = {p.name: p.options for p in self.requested}
             static = self.input_shape[2:]  # a static graph's own size, else one patch
@@ -311,12 +326,13 @@ class ViTSession:
         return _session_options(self.options)
 
     def cpu_fallback_nodes(self) -> list[str]:
-        if self.requested[0].name == CPU:
+        if self.requested[0].name == CPU or self.openvino:
             return []
         return self.placement().get("cpu", [])
 
     def describe(self) -> dict[str, Any]:
         return {"model": str(self.model_path), "precision": self.precision,
+                "engine": self.engine,
                 "requested": [short_name(p.name) for p in self.requested],
                 "active": [short_name(p) for p in self.providers],
                 "fallback": self.fallback_reason, "input": [self.input_name, self.input_shape],

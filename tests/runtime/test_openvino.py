@@ -1,0 +1,200 @@
+"""OpenVINO as an engine of the runtime (runtime/ov_session.py): the same bundle files,
+outputs and checks as ONNX Runtime, strict selection, and `check` / `bench` / `predict`
+across engines. The selection errors need no OpenVINO (its import is made to fail); the
+rest needs the openvino package, which the test extra installs (never skipped: a missing
+install fails here)."""
+
+import importlib.util
+import json
+import shutil
+import sys
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from vit_deploy.bench import BenchOptions, run_bench
+from vit_deploy.check import CheckOptions, run_check
+from vit_deploy.cli import main
+from vit_deploy.parity import compare, sample_inputs
+from vit_deploy.runtime import ProviderError, RuntimeOptions, ViTSession, parse_providers, probe
+from vit_deploy.runtime.providers import probe_all
+
+HAS_OPENVINO = importlib.util.find_spec("openvino") is not None
+needs_openvino = pytest.mark.usefixtures("_openvino_installed")
+
+
+@pytest.fixture
+def _openvino_installed():
+    assert HAS_OPENVINO, "the openvino package is not installed: make test installs it (the test extra)"
+PHOTO = "vit_deploy/data/photos/eval-chelsea.jpg"
+SIZES = [(24, 40), (32, 16)]  # the deploy size and another grid (dynamic height and width)
+BATCHES = [1, 3]
+
+
+@pytest.fixture(scope="module")
+def bundle(quantised_bundle, tmp_path_factory):
+    """The tiny quantised bundle (fp32, int8 dynamic, int4) plus int8-static (QDQ)."""
+    from vit_deploy.precisions import add_precisions
+
+    out = tmp_path_factory.mktemp("openvino") / "b"
+    shutil.copytree(quantised_bundle, out)
+    add_precisions(out, ["int8-static"])
+    return out
+
+
+@pytest.fixture
+def no_openvino(monkeypatch):
+    """`import openvino` fails, as where it is not installed."""
+    monkeypatch.setitem(sys.modules, "openvino", None)
+
+
+# -- the same outputs as ONNX Runtime -----------------------------------------------------
+@needs_openvino
+@pytest.mark.parametrize("precision", ["fp32", "int8", "int8-static", "int4"])
+def test_openvino_gives_what_onnx_runtime_gives(bundle, precision):
+    """Each precision's file on both engines, 2 sizes x 2 batches, judged by the precision's
+    own tolerance policy with ONNX Runtime's outputs as the reference."""
+    inputs = [sample_inputs(hw, b, seed=3) for hw in SIZES for b in BATCHES]
+    with ViTSession(bundle, precision=precision) as ort_s, \
+            ViTSession(bundle, provider="openvino", precision=precision,
+                       options=RuntimeOptions(threads=1)) as ov_s:
+        assert ov_s.providers == ["OpenVINO:CPU"] and ov_s.engine.startswith("openvino ")
+        assert ov_s.output_names == ort_s.output_names
+        assert ov_s.input_shape == ort_s.input_shape == ["batch", 3, "height", "width"]
+        assert ov_s.split_batches == ort_s.split_batches  # dynamic int8 couples a batch on both
+        refs = [ort_s.run_all(x) for x in inputs]
+        cases = compare(ov_s.run_all, refs, inputs, precision=precision, provider="openvino")
+        outs = [ov_s.run_all(x) for x in inputs]
+    assert all(c.passed for c in cases), [str(c) for c in cases if not c.passed]
+    for out, ref in zip(outs, refs):
+        assert {k: (v.shape, v.dtype) for k, v in out.items()} == \
+            {k: (v.shape, v.dtype) for k, v in ref.items()}
+    worst = max(float(np.abs(o[k] - r[k]).max()) for o, r in zip(outs, refs) for k in r)
+    print(f"openvino vs onnxruntime, {precision}: max |diff| {worst:.2e}")
+
+
+@needs_openvino
+def test_predict_features_and_threads_on_openvino(bundle):
+    with ViTSession(bundle, provider="openvino") as ov_s, ViTSession(bundle) as ort_s:
+        a, b = ov_s.predict([PHOTO], top_k=3)[0], ort_s.predict([PHOTO], top_k=3)[0]
+        assert [c.index for c in a.top] == [c.index for c in b.top]
+        assert a.top[0].probability == pytest.approx(b.top[0].probability, abs=1e-5)
+        assert ov_s.cpu_fallback_nodes() == [] and list(ov_s.placement()) == ["openvino"]
+        inputs = [sample_inputs((8 * (1 + i % 4), 16), 1 + i % 3, seed=i) for i in range(12)]
+        sequential = [ov_s.run(x) for x in inputs]
+        with ThreadPoolExecutor(4) as pool:  # one session shared: a request per call
+            threaded = list(pool.map(ov_s.run, inputs * 4))
+    for a, b in zip(sequential * 4, threaded):
+        np.testing.assert_array_equal(a, b)
+
+
+# -- strict selection ---------------------------------------------------------------------
+def test_openvino_names_resolve_to_the_engine_not_to_onnx_runtime():
+    names = [p.name for p in parse_providers("OpenVINO, openvino-gpu,openvino:gpu.1,cpu")]
+    assert names == ["OpenVINO:CPU", "OpenVINO:GPU", "OpenVINO:GPU.1", "CPUExecutionProvider"]
+    assert parse_providers("openvino-ep")[0].name == "OpenVINOExecutionProvider"  # ORT's own
+
+
+def test_openvino_missing_is_an_error_naming_what_was_asked(bundle, no_openvino):
+    with pytest.raises(ProviderError, match=r"provider 'openvino' asked for, but the openvino "
+                                            r"package is not installed here \(pip install "
+                                            r"'vit-deploy\[openvino\]'\); this onnxruntime "
+                                            r"lists .*'cpu'"):
+        ViTSession(bundle, provider="openvino")
+    with pytest.warns(RuntimeWarning, match=r"running on cpu \(the next in your order of "
+                                            r"preference\): provider 'openvino' asked for"):
+        s = ViTSession(bundle, provider="openvino,cpu")
+    assert s.providers == ["CPUExecutionProvider"] and "not installed" in s.fallback_reason
+    with pytest.warns(RuntimeWarning, match=r"running on cpu: provider 'openvino'"):
+        assert ViTSession(bundle, provider="openvino", fallback=True).providers[0] == \
+            "CPUExecutionProvider"
+    assert not probe("openvino").usable and "not installed" in probe("openvino").reason
+    assert all(not r.name.startswith("OpenVINO:") for r in probe_all().results)
+
+
+@needs_openvino
+def test_an_openvino_device_that_is_missing_is_an_error_naming_the_devices(bundle):
+    with pytest.raises(ProviderError, match=r"provider 'openvino-npu' asked for, but OpenVINO "
+                                            r"\S+ lists only the device\(s\) \[.*'CPU'.*\] here"):
+        ViTSession(bundle, provider="openvino-npu")
+    with pytest.raises(ProviderError, match=r"none of the providers asked for is active: "
+                                            r"provider 'openvino-npu' .*; provider "
+                                            r"'OpenVINO:NOSUCH'"):
+        ViTSession(bundle, provider="openvino-npu,openvino:nosuch")
+    with pytest.warns(RuntimeWarning, match=r"running on openvino \(the next in your order"):
+        s = ViTSession(bundle, provider="openvino-npu,openvino,cpu")
+    assert s.providers == ["OpenVINO:CPU"] and "openvino-npu" in s.fallback_reason
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the first choice runs: nothing to say
+        assert ViTSession(bundle, provider="openvino,cpu").providers == ["OpenVINO:CPU"]
+        assert ViTSession(bundle, provider="cpu,openvino").providers == ["CPUExecutionProvider"]
+    assert probe("openvino").usable and not probe("openvino-npu").usable
+    assert "openvino" in [r.alias for r in probe_all().results if r.usable]
+
+
+# -- check, bench, predict across engines -------------------------------------------------
+@needs_openvino
+def test_check_compares_engines_and_names_the_one_that_ran(bundle, tmp_path):
+    """The golden references (no torch) on both engines, every precision: each row names
+    the provider that ran; the report names the engines."""
+    out = tmp_path / "c.json"
+    r = CliRunner().invoke(main, ["check", str(bundle), "--provider", "cpu,openvino",
+                                  "--reference", "bundle", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    data = json.loads(out.read_text())
+    ran = {(c["provider"], c["precision"]) for c in data["cases"]}
+    assert ran == {(p, q) for p in ("cpu", "openvino")
+                   for q in ("fp32", "int8", "int8-static", "int4")}
+    assert data["passed"] and not data["unavailable"]
+    assert [e.split()[0] for e in data["engines"]] == ["onnxruntime", "openvino"]
+    assert "openvino:int8" in {k["subject"] for k in data["checks"]}  # invariants too
+
+
+@needs_openvino
+def test_check_against_pytorch_on_openvino(bundle):
+    report = run_check(bundle, CheckOptions(providers=("openvino", "openvino-npu"),
+                                            precisions=("fp32", "int8-static"), batches=(2,),
+                                            targets=False, reference="pytorch"))
+    assert report, report.to_markdown()
+    assert {c.provider for c in report.parity.cases} == {"openvino"}
+    assert "openvino-npu" in report.unavailable  # reported, not skipped
+
+
+@needs_openvino
+def test_bench_rows_name_the_engine(bundle):
+    report = run_bench(bundle, BenchOptions(providers=("cpu", "openvino"), precisions=("int8",),
+                                            runs=2, warmup=0, sessions=1, threads=(1,)))
+    by = {c.requested: c for c in report.cases}
+    assert by["openvino"].provider == "openvino" and len(by["openvino"].latencies_ms) == 2
+    assert by["cpu"].provider == "cpu" and report.environment["openvino"]
+
+
+@needs_openvino
+def test_predict_and_providers_commands(bundle):
+    r = CliRunner().invoke(main, ["predict", str(bundle), PHOTO, "--provider", "openvino,cpu",
+                                  "--threads", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["providers"] == ["openvino"]
+    r = CliRunner().invoke(main, ["providers", "--quiet"])
+    assert r.exit_code == 0 and "openvino" in r.output.split()
+
+
+@needs_openvino
+def test_serve_answers_from_openvino(bundle):
+    """`serve` takes whatever ViTSession runs: its /predict answers what the session says."""
+    from fastapi.testclient import TestClient
+
+    from vit_deploy.serve.app import make_app
+
+    image = open(PHOTO, "rb").read()
+    with ViTSession(bundle, provider="openvino") as s:
+        expected = s.predict(image, top_k=3)[0]
+        with TestClient(make_app(s, top_k=3)) as client:
+            r = client.post("/predict", content=image, headers={"content-type": "image/jpeg"})
+            health = client.get("/health").json()
+    assert r.status_code == 200, r.text
+    assert r.json()["provider"] == "OpenVINO:CPU" and health["providers"] == ["OpenVINO:CPU"]
+    assert [t["index"] for t in r.json()["top"]] == [c.index for c in expected.top]
