@@ -65,3 +65,33 @@ def test_bad_requests_are_refused():
 def test_the_peak_has_the_models_mlp_shape():
     assert peak_shape(variant("B", patch_size=16), (448, 448)) == (785, 768, 3072)
     assert peak_shape(None, None) == (197, 768, 3072)
+
+
+def test_bench_floor_reports_each_cpu_case_against_the_peaks_it_measured(quantised_bundle):
+    from vit_deploy.bench import BenchOptions, run_bench
+    from vit_deploy.bench_report import BenchReport
+    from vit_deploy.runtime.manifest import load_manifest
+
+    report = run_bench(quantised_bundle, BenchOptions(precisions=("fp32", "int8"), runs=3,
+                                                      warmup=1, threads=(1,), floor=True))
+    peaks = report.environment["gemm_peaks"]["1"]
+    assert set(peaks) == {"fp32", "int8"} and all(p["gflops"] > 0 for p in peaks.values())
+    cfg = load_manifest(quantised_bundle).config
+    for case in report.cases:
+        work = model_work(cfg, case.resolution)
+        weight = peaks["int8" if case.precision == "int8" else "fp32"]["gflops"]
+        expected = (work.weights_gflop / weight + work.attention_gflop / peaks["fp32"]["gflops"])
+        assert case.floor_ms == pytest.approx(expected * 1e3, rel=0.01)  # peaks are rounded
+        assert case.of_floor() == pytest.approx(case.floor_ms / case.stats()["p50_ms"])
+    saved = BenchReport.from_json(report.to_json())
+    assert [c.floor_ms for c in saved.cases] == [c.floor_ms for c in report.cases]
+    assert all(c["of_floor"] == pytest.approx(case.of_floor()) for c, case in
+               zip(report.to_dict()["cases"], report.cases))
+
+
+def test_without_floor_nothing_is_measured(quantised_bundle):
+    from vit_deploy.bench import BenchOptions, run_bench
+
+    report = run_bench(quantised_bundle, BenchOptions(runs=2, warmup=0, threads=(1,)))
+    assert "gemm_peaks" not in report.environment
+    assert all(c.floor_ms is None and c.of_floor() is None for c in report.cases)

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from vit_deploy.bench_floor import floor_ms, measure_peaks, model_work, peak_shape
 from vit_deploy.bench_machine import environment, gpu_memory_mb, rss_mb, thread_scaling
 from vit_deploy.bench_report import BenchReport, CaseResult
 from vit_deploy.runtime.manifest import load_manifest
@@ -49,6 +50,9 @@ class BenchOptions:
     # An edge target's bucket graphs (`vit-deploy target`) measured beside the dynamic graph
     # at the same sizes (default sizes: the target's buckets).
     target: str | None = None
+    # The floor per CPU case (bench_floor.py): fp32 / int8 GEMM peaks measured here, per
+    # thread count, before the cases; each case's least possible time beside its p50.
+    floor: bool = False
 
     def __post_init__(self) -> None:
         for name in ("warmup", "runs", "sessions"):
@@ -84,6 +88,7 @@ def run_bench(bundle: str | Path, options: BenchOptions = BenchOptions(),
     probe = probe_threads > 1 and (CPU in providers or f"{OPENVINO}CPU" in providers
                                    or options.baseline_torch)
     scaling_before = thread_scaling(probe_threads) if probe else None
+    peaks = _gemm_peaks(cfg, largest, options.threads) if options.floor else {}
     total = len(groups) * (options.runs if options.seconds is None else 1)
     done = 0
     cases: list[CaseResult] = []
@@ -131,9 +136,15 @@ def run_bench(bundle: str | Path, options: BenchOptions = BenchOptions(),
         for case, _ in runners:
             if base is not None and case.latencies_ms and case is not base:
                 case.ratio_to_torch = case.stats()["p50_ms"] / base.stats()["p50_ms"]
+            if peaks and case.latencies_ms and case.provider in FLOOR_PROVIDERS:
+                case.floor_ms = floor_ms(model_work(cfg, hw), case.precision, peaks[threads],
+                                         batch)
             cases.append(case)
         del runners, live
     env = environment() | engines | {"peak_rss_mb": round(rss_mb(peak=True), 1)}
+    if peaks:
+        env["gemm_peaks"] = {str(t or "default"): {k: v.to_dict() for k, v in p.items()}
+                             for t, p in peaks.items()}
     if probe:
         env["thread_scaling"] = {"threads": probe_threads, "before": round(scaling_before, 2),
                                  "after": round(thread_scaling(probe_threads), 2)}
@@ -141,6 +152,17 @@ def run_bench(bundle: str | Path, options: BenchOptions = BenchOptions(),
                               "patch_size": cfg.patch_size,
                               "ort_spinning": _spinning(options)}
     return BenchReport(str(bundle), env, opts, cases)
+
+
+# What the floors are for: the CPU's own kernels (a GPU's floor is another question)
+FLOOR_PROVIDERS = frozenset({"cpu", "openvino", TORCH})
+
+
+def _gemm_peaks(cfg, resolution, threads: tuple[int | None, ...]) -> dict:
+    """{threads: {"fp32": GemmPeak, "int8": GemmPeak}}: the model's MLP product at the
+    largest size measured, with each thread count the cases use (None: all cores)."""
+    shape = peak_shape(cfg, resolution)
+    return {t: measure_peaks(threads=t or os.cpu_count() or 1, shape=shape) for t in threads}
 
 
 def _ort_runner(bundle: Path, provider: str, precision: str, x: np.ndarray, hw, batch, threads,

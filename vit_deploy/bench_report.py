@@ -35,6 +35,8 @@ class CaseResult:
     status: str = "ok"  # ok | unavailable: <why>
     ratio_to_torch: float | None = None
     graph: str = "dynamic"  # or "bucket:<target>": the target's static graph at this size
+    # bench --floor: the least time this machine's measured GEMM peaks allow (bench_floor.py)
+    floor_ms: float | None = None
     # The statistics of a report read back (BenchReport.from_json): latencies are not saved.
     saved_stats: dict[str, float] = field(repr=False, default_factory=dict)
 
@@ -53,7 +55,12 @@ class CaseResult:
         d.pop("latencies_ms")
         d.pop("saved_stats")
         d["resolution"] = list(self.resolution)
-        return d | self.stats()
+        return d | self.stats() | {"of_floor": self.of_floor()}
+
+    def of_floor(self) -> float | None:
+        """floor / p50: 1.0 would be every matrix product at the machine's peak."""
+        p50 = self.stats().get("p50_ms")
+        return self.floor_ms / p50 if self.floor_ms and p50 else None
 
 
 @dataclass
@@ -124,7 +131,7 @@ class BenchReport:
             f"{env.get('cpu')} ({env.get('cores')} cores; {', '.join(env.get('cpu_flags', []))})"
             f"; GPU: {env.get('gpu') or 'none'}; onnxruntime {env.get('onnxruntime')}, torch "
             f"{env.get('torch')}; {self.options.get('sessions')} session(s) per case, "
-            f"interleaved; ORT spinning {spinning}{_probe_text(env)}", table,
+            f"interleaved; ORT spinning {spinning}{_probe_text(env)}{_peaks_text(env)}", table,
             *status_notes(self),
             *(budget_lines(self, self.budget_ms) if self.budget_ms is not None else ()))
 
@@ -135,7 +142,8 @@ class BenchReport:
         rows = [c.to_dict() for c in self.cases]
         keys = ["provider", "requested", "precision", "resolution", "batch", "threads", "p50_ms",
                 "p90_ms", "p99_ms", "mean_ms", "min_ms", "max_ms", "runs", "images_per_s",
-                "ratio_to_torch", "cold_start_ms", "memory_mb", "gpu_memory_mb", "status"]
+                "ratio_to_torch", "floor_ms", "of_floor", "cold_start_ms", "memory_mb",
+                "gpu_memory_mb", "status"]
         buf = io.StringIO()
         w = csv.DictWriter(buf, keys, extrasaction="ignore")
         w.writeheader()
@@ -154,14 +162,15 @@ def format_table(report: BenchReport) -> list[list[str]]:
         if not s:
             rows.append([c.requested, c.provider, _precision_label(c), res, str(c.batch),
                          str(c.threads or "default"), "-", "-", "-", "-", "-", "-", "-", "-",
-                         status])
+                         "-", status])
             continue
         spread = (f"{min(c.session_medians_ms):.1f}-{max(c.session_medians_ms):.1f}"
                   if c.session_medians_ms else "-")
         rows.append([c.requested, c.provider, _precision_label(c), res, str(c.batch),
                      str(c.threads or "default"), f"{s['p50_ms']:.2f}", f"{s['p90_ms']:.2f}",
                      f"{s['p99_ms']:.2f}", f"{s['images_per_s']:.1f}",
-                     "-" if c.ratio_to_torch is None else f"{c.ratio_to_torch:.2f}", spread,
+                     "-" if c.ratio_to_torch is None else f"{c.ratio_to_torch:.2f}",
+                     "-" if c.of_floor() is None else f"{c.of_floor():.2f}", spread,
                      f"{c.cold_start_ms:.0f}", f"{c.memory_mb:.0f}"
                      + (f" / GPU {c.gpu_memory_mb:.0f}" if c.gpu_memory_mb is not None else ""),
                      status])
@@ -173,7 +182,7 @@ def _precision_label(c: CaseResult) -> str:
 
 
 TABLE_HEADER = ["asked", "ran on", "precision", "res", "batch", "threads", "p50 ms", "p90 ms",
-                "p99 ms", "img/s", "× torch", "session p50s", "cold ms", "mem MB", "status"]
+                "p99 ms", "img/s", "× torch", "of floor", "session p50s", "cold ms", "mem MB", "status"]
 
 
 def within_budget(report: BenchReport, budget_ms: float) -> list[dict[str, Any]]:
@@ -267,6 +276,15 @@ def status_notes(report: BenchReport) -> list[str]:
     return list(notes)
 
 
+def _peaks_text(env: dict[str, Any]) -> str:
+    """bench --floor: the GEMM peaks the floors come from, per thread count."""
+    peaks = env.get("gemm_peaks") or {}
+    parts = [f"{threads} thread(s): fp32 {p['fp32']['gflops']:.0f} GFLOP/s, int8 "
+             f"{p['int8']['gflops']:.0f} GOP/s ({'x'.join(map(str, p['fp32']['shape']))})"
+             for threads, p in peaks.items()]
+    return f"; GEMM peaks through ORT at {'; '.join(parts)}" if parts else ""
+
+
 def _probe_text(env: dict[str, Any]) -> str:
     probe = env.get("thread_scaling")
     return (f"; {probe['threads']} threads = {probe['before']:.2f} / {probe['after']:.2f} "
@@ -303,7 +321,8 @@ def _report_from_dict(data: Any, source: str) -> BenchReport:
              "a positive integer or null", c.get("threads"))
         need(isinstance(c.get("graph", "dynamic"), str), f"{at} 'graph'", "a string",
              c.get("graph"))
-        for key in (*STATS, "cold_start_ms", "memory_mb", "gpu_memory_mb", "ratio_to_torch"):
+        for key in (*STATS, "cold_start_ms", "memory_mb", "gpu_memory_mb", "ratio_to_torch",
+                    "floor_ms"):
             need(c.get(key) is None or number(c[key]), f"{at} {key!r}", "a number or null",
                  c.get(key))
         medians = c.get("session_medians_ms", [])
@@ -316,6 +335,7 @@ def _report_from_dict(data: Any, source: str) -> BenchReport:
             cold_start_ms=float(c.get("cold_start_ms") or 0.0),
             memory_mb=float(c.get("memory_mb") or 0.0), gpu_memory_mb=c.get("gpu_memory_mb"),
             ratio_to_torch=c.get("ratio_to_torch"), graph=c.get("graph", "dynamic"),
+            floor_ms=c.get("floor_ms"),
             saved_stats={k: c[k] for k in STATS if c.get(k) is not None}))
     budget = data.get("budget")
     budget_ms = (budget[0].get("budget_ms") if isinstance(budget, list) and budget

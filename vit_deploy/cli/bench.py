@@ -59,13 +59,17 @@ SPINNING = {"auto": None, "on": True, "off": False}
                    "the same sizes (default sizes: its buckets).")
 @click.option("--io-binding", is_flag=True, help="Bind inputs and outputs to the provider's "
               "device (CUDA).")
+@click.option("--floor", is_flag=True, help="Measure this CPU's fp32 and int8 GEMM peaks "
+              "(the model's MLP product, through ONNX Runtime, with each --threads) and show "
+              "each CPU case as a fraction of its floor: the least time those peaks allow.")
 @quiet_option("nothing is printed but --json's JSON")
 def bench(paths: tuple[Path, ...], providers: str, precisions: tuple[str, ...],
           resolutions: tuple[tuple[int, int], ...] | None, batches: tuple[int, ...],
           threads: tuple[int | None, ...], warmup: int, runs: int, seconds: float | None,
           sessions: int, baseline: str, fallback: bool, spinning: str, json_out: Path | None,
           csv_out: Path | None, plot_out: Path | None, budget_ms: float | None,
-          compare: bool, bench_target: str | None, io_binding: bool, quiet: bool) -> None:
+          compare: bool, bench_target: str | None, io_binding: bool, floor: bool,
+          quiet: bool) -> None:
     """Measure latency, throughput, cold start and memory per provider and precision.
 
     Cases run in one process, interleaved run by run, over several sessions each.
@@ -109,7 +113,7 @@ def bench(paths: tuple[Path, ...], providers: str, precisions: tuple[str, ...],
                            warmup=warmup, runs=runs, seconds=seconds, sessions=sessions,
                            baseline_torch=baseline == "torch", fallback=fallback,
                            spinning=SPINNING[spinning], target=bench_target,
-                           io_binding=io_binding)
+                           io_binding=io_binding, floor=floor)
     if quiet:
         report = run_bench(bundle, options)
     else:
