@@ -170,6 +170,7 @@ HEAVY_FILES = {
     "test_server_hostile.py", "test_server.py", "test_telemetry.py", "test_tour.py",
     "test_server_v2.py", "test_triton.py",
     "test_digits.py", "test_install.py", "test_recovery.py", "test_bench.py",
+    "test_docs_snippets.py",
     "test_references.py", "test_arm64.py",
 }
 
@@ -179,6 +180,7 @@ HEAVY_FILES = {
 # the workers in collection order (--no-loadscope-reorder, pytest-xdist >= 3.8; xdist would
 # otherwise order files by their number of tests).
 LONGEST_FIRST = ["test_tour.py",  # the README's tour, every line in order (tiny stand-in)
+                 "test_docs_snippets.py",  # every docs page's snippets in order (~75 s of CPU)
                  "test_install.py",  # 74: the wheel in fresh venvs, every platform resolved
                  "test_readme.py",  # 49: the README's ViT-B/16 export
                  "test_web.py", "test_server_hostile.py", "test_photos.py",  # 42, 38, 35

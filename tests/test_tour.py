@@ -6,13 +6,14 @@ bundle keeps the README's name); a few lines cannot run here and say why below."
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from snippets import snippets
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,26 +27,12 @@ NOT_HERE = {
 
 def tour() -> list[tuple[str, str]]:
     """[(kind, text)] of the tour in order: 'shell' lines (continuations joined, trailing
-    comments dropped), 'python' and 'js' fenced blocks."""
+    comments dropped), 'python' and 'js' fenced blocks (tests/snippets.py reads them)."""
     text = (ROOT / "README.md").read_text()
     text = text[text.index("## A short tour"):text.index("## Headline numbers")]
-    out, lines, i = [], text.splitlines(), 0
-    while i < len(lines):
-        line = lines[i]
-        fence = re.match(r"^```(python|js)$", line)
-        if fence:
-            j = lines.index("```", i + 1)
-            out.append((fence.group(1), "\n".join(lines[i + 1:j])))
-            i = j + 1
-            continue
-        if re.match(r"^    (vit-deploy|node|python) ", line):
-            cmd = line.strip()
-            while cmd.endswith("\\"):
-                i += 1
-                cmd = cmd[:-1] + " " + lines[i].strip()
-            out.append(("shell", re.sub(r"\s+#.*$", "", cmd)))
-        i += 1
-    return out
+    steps = snippets(text)
+    assert all(s.kind in ("shell", "python", "js") for s in steps), steps
+    return [(s.kind, s.text) for s in steps]
 
 
 def test_the_tour_reads_as_the_test_runs_it():
