@@ -170,7 +170,6 @@ HEAVY_FILES = {
     "test_server_hostile.py", "test_server.py", "test_telemetry.py", "test_tour.py",
     "test_server_v2.py", "test_triton.py",
     "test_digits.py", "test_install.py", "test_recovery.py", "test_bench.py",
-    "test_docs_snippets.py",
     "test_references.py", "test_arm64.py",
 }
 
