@@ -95,3 +95,26 @@ def test_without_floor_nothing_is_measured(quantised_bundle):
     report = run_bench(quantised_bundle, BenchOptions(runs=2, warmup=0, threads=(1,)))
     assert "gemm_peaks" not in report.environment
     assert all(c.floor_ms is None and c.of_floor() is None for c in report.cases)
+
+
+def test_the_budget_recommends_the_largest_size_that_fits_then_the_fastest():
+    from vit_deploy.bench_report import BenchReport, CaseResult, budget_lines, recommend
+
+    def case(provider, precision, hw, ms):
+        return CaseResult(provider=provider, requested=provider, precision=precision,
+                          resolution=hw, batch=1, threads=2, latencies_ms=[ms] * 5)
+
+    report = BenchReport("b", {}, {}, [
+        case("cpu", "fp32", (224, 224), 90.0), case("cpu", "fp32", (448, 448), 400.0),
+        case("cpu", "int8", (224, 224), 40.0), case("cpu", "int8", (448, 448), 140.0),
+        case("openvino", "int8", (224, 224), 35.0), case("openvino", "int8", (448, 448), 120.0)])
+    assert recommend(report, 150) == {"provider": "openvino", "precision": "int8",
+                                      "resolution": [448, 448], "p90_ms": 120.0,
+                                      "budget_ms": 150}
+    assert recommend(report, 100)["resolution"] == [224, 224]
+    assert recommend(report, 100)["provider"] == "openvino"  # 35 ms beats 40 and 90
+    assert recommend(report, 10) is None
+    assert budget_lines(report, 10)[-1] == "recommended within 10 ms: nothing measured fits"
+    assert report.to_dict()["cases"]  # and saved beside the budget:
+    report.budget_ms = 150
+    assert report.to_dict()["recommended"]["provider"] == "openvino"

@@ -83,6 +83,7 @@ class BenchReport:
               "cases": [c.to_dict() for c in self.cases], "latency": self.latency()}
         if self.budget_ms is not None:
             d["budget"] = within_budget(self, self.budget_ms)
+            d["recommended"] = recommend(self, self.budget_ms)
         return d
 
     def to_json(self) -> str:
@@ -207,14 +208,31 @@ def within_budget(report: BenchReport, budget_ms: float) -> list[dict[str, Any]]
     return out
 
 
+def recommend(report: BenchReport, budget_ms: float) -> dict[str, Any] | None:
+    """The engine x precision x resolution to deploy under the budget: the largest
+    resolution any of them keeps within it (p90, batch 1), and among those the fastest. Every
+    precision a bundle holds passed its check when it was added, so each is a candidate."""
+    fits = [b for b in within_budget(report, budget_ms) if b["resolution"]]
+    if not fits:
+        return None
+    best = max(fits, key=lambda b: (b["resolution"][0] * b["resolution"][1], -b["p90_ms"]))
+    return {"provider": best["provider"], "precision": best["precision"],
+            "resolution": best["resolution"], "p90_ms": best["p90_ms"], "budget_ms": budget_ms}
+
+
 def budget_lines(report: BenchReport, budget_ms: float) -> list[str]:
-    """within_budget in words, one line per provider and precision."""
+    """within_budget in words, one line per provider and precision, then the recommendation."""
     lines = []
     for b in within_budget(report, budget_ms):
         fits = (f"up to {format_resolution(tuple(b['resolution']))} (p90 {b['p90_ms']:.1f} ms)"
                 if b["resolution"] else "no measured resolution")
         lines.append(f"within {budget_ms:g} ms p90 at batch 1 on {b['provider']} "
                      f"{b['precision']}: {fits}")
+    best = recommend(report, budget_ms)
+    lines.append(f"recommended within {budget_ms:g} ms: {best['provider']} {best['precision']} "
+                 f"at {format_resolution(tuple(best['resolution']))} (p90 {best['p90_ms']:.1f} "
+                 f"ms; the largest size that fits, then the fastest)" if best else
+                 f"recommended within {budget_ms:g} ms: nothing measured fits")
     return lines
 
 
