@@ -180,6 +180,7 @@ HEAVY_FILES = {
 # otherwise order files by their number of tests).
 LONGEST_FIRST = ["test_tour.py",  # the README's tour, every line in order (tiny stand-in)
                  "test_docs_snippets.py",  # every docs page's snippets in order (~75 s of CPU)
+                 "test_ray.py",  # ~110: a two-node Ray cluster, Serve and Data on it
                  "test_install.py",  # 74: the wheel in fresh venvs, every platform resolved
                  "test_readme.py",  # 49: the README's ViT-B/16 export
                  "test_web.py", "test_server_hostile.py", "test_photos.py",  # 42, 38, 35

@@ -203,13 +203,13 @@ def test_the_wheel_works_outside_the_repository(dist, make_tiny, tmp_path):
         proc.terminate()
         proc.wait(10)
 
-    # -- every extra: export (torch pinned), serve, web, peers, test ------------------------
-    v.pip_install(f"{wheel}[export,serve,web,peers,test]", TORCH,
-                  what="pip install vit-deploy[export,serve,web,peers,test]")
+    # -- every extra: export (torch pinned), serve, web, openvino, ray, test -----------------
+    v.pip_install(f"{wheel}[export,serve,web,openvino,ray,test]", TORCH,
+                  what="pip install vit-deploy[export,serve,web,openvino,ray,test]")
     installed = v.installed()
     assert installed["torch"].startswith("2.13.0")
-    assert {"onnxscript", "onnxsim", "fastapi", "uvicorn", "openvino", "pytest", "build",
-            "mkdocs"} <= set(installed)
+    assert {"onnxscript", "onnxsim", "fastapi", "uvicorn", "openvino", "ray", "pyarrow",
+            "pytest", "build", "mkdocs"} <= set(installed)
     v.run("python", "-m", "pip", "check")
     exported = work / "vit-tiny"
     v.run("vit-deploy", "export", "--model", "tiny", "--out", exported, "--precision", "int8",
@@ -227,7 +227,13 @@ def test_the_wheel_works_outside_the_repository(dist, make_tiny, tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
-    assert v.run("python", "-c", "import openvino; print(openvino.__version__)").stdout.strip()
+    out = json.loads(v.run("vit-deploy", "predict", exported, image, "--provider", "openvino",
+                           "--json").stdout)  # the installed engine, imported quietly
+    assert out["providers"] == ["openvino"] and out["predictions"][0]["top"]
+    table = work / "features.parquet"  # Ray Data from the installed wheel, a local cluster
+    v.run("vit-deploy", "embed", exported, image, "--out", table, "--ray", "local",
+          "--quiet", what="vit-deploy embed (Ray Data, local)")
+    assert table.is_file() and table.stat().st_size > 0
     assert "pytest" in v.run("python", "-m", "pytest", "--version").stdout
     print("\n".join(f"{t:6.1f} s  {what}" for what, t in v.times.items() if t > 1))
 

@@ -16,8 +16,8 @@ from typing import Any
 import click
 
 # Each is the module vit_deploy/cli/<name>.py, whose command object has the same name.
-COMMANDS = ("bench", "check", "export", "info", "predict", "providers", "quantize", "serve",
-            "sweep", "target", "triton", "web")
+COMMANDS = ("bench", "check", "embed", "export", "info", "predict", "providers", "quantize",
+            "serve", "sweep", "target", "triton", "web")
 
 
 class Main(click.Group):

@@ -1,0 +1,76 @@
+"""`vit-deploy embed`: pooled features, logits and top-k of many images to Parquet, as a
+Ray Data job (imported only when it runs; the `ray` extra)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from vit_deploy.cli.options import (MAX_BATCH, InputPath, console, force_option,
+                                    precision_option, provider_option, quiet_option,
+                                    refuse_clobber)
+
+
+@click.command()
+@click.argument("bundle", type=InputPath("bundle"))
+@click.argument("images", nargs=-1, required=True, type=InputPath("image input"))
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="The Parquet file to write (atomically), one row per image.")
+@provider_option(measured=False)
+@precision_option("The bundle's model to run.")
+@click.option("--top-k", type=click.IntRange(1, 1_000_000), default=5, show_default=True,
+              help="Classes kept per image (1 to 1000000), best first.")
+@click.option("--batch", type=click.IntRange(1, MAX_BATCH), default=32, show_default=True,
+              help=f"Images per model run (1 to {MAX_BATCH}).")
+@click.option("--shard-size", type=click.IntRange(1, 1_000_000), default=256,
+              show_default=True, help="Images per shard (1 to 1000000): the unit written "
+              "atomically and skipped when the job is run again after a kill.")
+@click.option("--actors", type=click.IntRange(1, 4096), default=None,
+              help="Sessions in the actor pool (1 to 4096; default: half the cluster's "
+                   "CPUs over --cpus-per-actor).")
+@click.option("--cpus-per-actor", type=click.FloatRange(0.01, 1024), default=1.0,
+              show_default=True, help="CPUs each session reserves (0.01 to 1024; its ONNX "
+              "Runtime threads: as many, at least one).")
+@click.option("--ray", "ray_address", default="local", show_default=True,
+              metavar="auto|local|HOST:PORT", help="The Ray cluster: local (started in "
+              "this process), auto (the one `ray start` runs here) or a head node's "
+              "address. The bundle and image paths must exist on every node.")
+@force_option("Replace --out if it exists.")
+@quiet_option("only the file written")
+def embed(bundle: Path, images: tuple[Path, ...], out: Path, provider: str, precision: str,
+          top_k: int, batch: int, shard_size: int, actors: int | None, cpus_per_actor: float,
+          ray_address: str, force: bool, quiet: bool) -> None:
+    """Embed IMAGES (folders, image files, .txt lists of paths) with BUNDLE on a Ray
+    cluster: pooled features, logits and top-k classes, one Parquet row per image (bad
+    images: a row with its error). Run it again after a kill: written shards are kept.
+
+    \b
+    Example:
+      vit-deploy embed vit-B16-224 photos/ more.txt --out features.parquet --ray auto
+    """
+    from vit_deploy.progress import steps
+
+    refuse_clobber({"--out": out}, bundles=[bundle], inputs=images)
+    if out.exists() and not force:
+        raise click.BadParameter(f"{str(out)!r} exists; pass --force to replace it",
+                                 param_hint="--out")
+    try:
+        from vit_deploy.ray.cluster import check_address
+        from vit_deploy.ray.embed import EmbedOptions, embed as run_job
+    except ImportError as e:
+        raise click.UsageError(f"embed needs Ray Data ({e.name or e} is missing): "
+                               f"pip install 'vit-deploy[ray]'") from None
+    try:
+        address = check_address(ray_address)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--ray") from None
+    options = EmbedOptions(provider=provider, precision=precision, top_k=top_k, batch=batch,
+                           shard_size=shard_size, actors=actors, cpus_per_actor=cpus_per_actor,
+                           address=address)
+    with steps(quiet=quiet, title="embedding") as progress:
+        report = run_job(bundle, list(images), out, options=options, progress=progress)
+    if quiet:
+        click.echo(report.out)
+    else:
+        console().print(str(report))

@@ -1,0 +1,129 @@
+"""Joining a Ray cluster from the command line: `auto` (the cluster running here, as
+`ray start` left it), `local` (a cluster started in this process, gone when it ends) or an
+address (HOST:PORT of a head node, or ray://HOST:PORT), quietly; and `serve_on_cluster`,
+what `vit-deploy serve --ray` runs: deploy, say where, hold until stopped, undeploy."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import socket
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import ray
+
+
+def check_address(address: str) -> str:
+    """`auto`, `local`, HOST:PORT or ray://HOST:PORT; ValueError naming what was given."""
+    text = address.strip()
+    if text in ("auto", "local"):
+        return text
+    host, _, port = text.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--ray must be auto, local, HOST:PORT or ray://HOST:PORT, got "
+                         f"{address!r}")
+    return text
+
+
+@contextlib.contextmanager
+def connected(address: str) -> Iterator[None]:
+    """ray.init on `address` (check_address), its logs kept out of stdout; shut down after."""
+    address = check_address(address)
+    if address not in ("auto", "local"):
+        reachable(address)
+    local = {"include_dashboard": False} if address == "local" else {}
+    try:
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False, **local)
+    except ConnectionError as e:
+        raise ConnectionError(f"cannot join the Ray cluster at {address!r}: "
+                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def reachable(address: str, timeout_s: float = 5.0) -> None:
+    """ConnectionError unless HOST:PORT accepts a TCP connection (ray.init would retry an
+    unreachable head for minutes before saying so)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConnectionError(f"cannot reach the Ray cluster at {address!r}: "
+                              f"{e.strerror or e}") from None
+
+
+def free_port(host: str) -> int:
+    """A port free on `host` now (Ray Serve's proxy takes a fixed port, not 0)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _sigterm_stops() -> Iterator[None]:
+    """SIGTERM ends the wait as Ctrl-C does, so the application is undeployed on the way
+    out (a plain SIGTERM would leave it running on the cluster)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _proxy_address(host: str, port: int) -> tuple[str, int]:
+    """Where Ray Serve's HTTP proxies really listen: where asked, unless Serve already ran
+    on the cluster with other HTTP options (then it keeps its own, and so do we, saying so)."""
+    from ray.serve.context import _get_global_client
+
+    try:
+        config = _get_global_client().http_config
+        actual = (config.host, int(config.port))
+    except Exception:  # a Ray without this (private) attribute: trust what was asked
+        return host, port
+    if actual != (host, port):
+        warnings.warn(f"Ray Serve already runs on this cluster, listening on "
+                      f"{actual[0]}:{actual[1]}; --host {host} --port {port} are not applied "
+                      f"(`serve shutdown` first to change them)", RuntimeWarning, stacklevel=2)
+    return ("127.0.0.1" if actual[0] == "0.0.0.0" and host != "0.0.0.0" else actual[0],
+            actual[1])
+
+
+def serve_on_cluster(bundle: Path, options: Any, *, address: str, host: str, port: int,
+                     on_ready: Callable[[str], None]) -> None:
+    """Deploy the bundle (`serve_app.app`) as the application named after its model on the
+    cluster at `address`, Ray Serve's HTTP proxy on host:port (0: a free one), route
+    prefix /; call on_ready(url) once it serves; hold until Ctrl-C or SIGTERM, then
+    delete the application (a `local` cluster goes with the process)."""
+    from ray import serve
+
+    from vit_deploy.ray.serve_app import app, resolved
+
+    path, options = resolved(bundle, options)  # a bad bundle: refused before joining
+    port = port or free_port(host)
+    with connected(address), _sigterm_stops():  # after ray.init: it installs its own
+        serve.start(http_options={"host": host, "port": port})
+        host, port = _proxy_address(host, port)
+        serve.run(app(path, options), name=options.model_name, route_prefix="/",
+                  blocking=False)
+        on_ready(f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}")
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            with contextlib.suppress(Exception):  # the cluster may be gone already
+                serve.delete(options.model_name)
