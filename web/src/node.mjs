@@ -6,7 +6,10 @@
 //   const vit = await ViT.load('path/to/bundle', { precision: 'int8', threads: 2 });
 //   const { top } = await vit.classify('image.jpg');
 import * as platform from './lib/platform-node.mjs';
+import { bindNaFlex } from './lib/naflex.mjs';
 import { bindPlatform } from './lib/vit.mjs';
 
 export * from './lib/api.mjs';
+export { NaFlexPreprocess, sizeForMaxNumPatches } from './lib/naflex.mjs';
 export const { ViT, decodeImage, bundleFile, int8Warning } = bindPlatform(platform);
+export const { NaFlex, naflexFeatures } = bindNaFlex(platform); // SigLIP 2 NaFlex graphs

@@ -22,13 +22,17 @@
 //   lib/preprocess.mjs Preprocess, toRGB, pyRound: runtime/preprocess.py
 //   lib/results.mjs    softmax, topK, requireFinite
 //   lib/vit.mjs        the ViT class, bindPlatform
+//   lib/naflex.mjs     SigLIP 2 NaFlex: NaFlexPreprocess (runtime/naflex.py), NaFlex, bindNaFlex
 //   lib/platform-node.mjs, lib/platform-browser.mjs   files, decoding, ONNX Runtime, threads
+import { bindNaFlex } from './lib/naflex.mjs';
 import { bindPlatform } from './lib/vit.mjs';
 
 export * from './lib/api.mjs';
+export { NaFlexPreprocess, sizeForMaxNumPatches } from './lib/naflex.mjs';
 
 const IS_NODE = typeof process !== 'undefined' && !!process.versions?.node &&
   typeof window === 'undefined';
 const platform = IS_NODE ? await import('./lib/platform-node.mjs')
   : await import('./lib/platform-browser.mjs');
 export const { ViT, decodeImage, bundleFile, int8Warning } = bindPlatform(platform);
+export const { NaFlex, naflexFeatures } = bindNaFlex(platform); // SigLIP 2 NaFlex graphs

@@ -3,8 +3,10 @@
 import type { InferenceSession } from 'onnxruntime-node';
 
 import type { LoadOptions, Pixels, ViTMethods } from './common.js';
+import type { NaFlexFeatures, NaFlexLoadOptions, NaFlexMethods } from './naflex.js';
 
 export * from './common.js';
+export * from './naflex.js';
 
 /** What Node decodes: PNG or JPEG bytes, a path or file: URL to them, or decoded pixels. */
 export type ImageInput = string | URL | ArrayBuffer | ArrayBufferView | Pixels;
@@ -20,3 +22,13 @@ export declare class ViT {
 
 /** An image as pixels: { data, width, height, channels } (EXIF orientation applied). */
 export declare function decodeImage(image: ImageInput): Promise<Pixels>;
+
+/** A SigLIP 2 NaFlex model.onnx (export_naflex) loaded for inference. */
+export interface NaFlex extends NaFlexMethods<ImageInput> {}
+export declare class NaFlex {
+  /** Load `model`: a model.onnx, or a folder holding one (a path or URL). */
+  static load(model: string | URL, options?: NaFlexLoadOptions): Promise<NaFlex>;
+}
+/** Load, features(images), release. */
+export declare function naflexFeatures(model: string | URL, images: ImageInput | ImageInput[],
+  options?: NaFlexLoadOptions): Promise<NaFlexFeatures>;

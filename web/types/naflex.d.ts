@@ -1,0 +1,72 @@
+// SigLIP 2 NaFlex (src/lib/naflex.mjs): runtime/naflex.py's preprocessing and the exported
+// NaFlex graph. Each entry declares the NaFlex class for its platform's images.
+import type { Pixels } from './common.js';
+
+/** [H, W] a height x width image is resized to: transformers'
+ * get_image_size_for_max_num_patches, the same sizes as Python. */
+export declare function sizeForMaxNumPatches(height: number, width: number, patch: number,
+  maxNumPatches: number): [number, number];
+
+export interface NaFlexFields {
+  /** Default 16; the graph's, when NaFlex.load makes one. */
+  patchSize?: number;
+  /** Each image's patch budget, 1 to 65536; default 256 (Siglip2ImageProcessor's). */
+  maxNumPatches?: number;
+  /** 1 or 3 values; default SigLIP 2's 0.5. */
+  mean?: number[];
+  std?: number[];
+  /** Default 1 / 255. */
+  scale?: number;
+}
+
+/** The graph's three inputs for a batch: (B, N, 3*P*P) float32, (B, N) int32, (B, 2) int64. */
+export interface NaFlexBatch {
+  pixelValues: { data: Float32Array; dims: [number, number, number] };
+  pixelAttentionMask: { data: Int32Array; dims: [number, number] };
+  spatialShapes: { data: BigInt64Array; dims: [number, number] };
+}
+
+/** Images -> NaFlexBatch, as Python's NaFlexPreprocess (Siglip2ImageProcessorPil's floats). */
+export declare class NaFlexPreprocess {
+  constructor(fields?: NaFlexFields);
+  readonly patchSize: number;
+  readonly maxNumPatches: number;
+  readonly mean: number[];
+  readonly std: number[];
+  readonly scale: number;
+  /** [gh, gw]: the patch grid a width x height image gets. */
+  grid(width: number, height: number): [number, number];
+  /** One image -> its patches (gh * gw, 3*P*P) and its grid. */
+  patches(image: Pixels, out?: Float32Array | null): { data: Float32Array; grid: [number, number] };
+  /** Images of any sizes -> one batch padded to maxNumPatches. */
+  batch(images: Pixels | Pixels[]): NaFlexBatch;
+}
+
+export interface NaFlexLoadOptions {
+  maxNumPatches?: number;
+  mean?: number[];
+  std?: number[];
+  /** An integer from 1 to 256; default: ONNX Runtime's. */
+  threads?: number;
+  /** Browser: 'auto', 'webgpu', 'wasm'; Node: 'cpu'. */
+  backend?: 'auto' | 'webgpu' | 'wasm' | 'cpu';
+  ortBase?: string | URL;
+}
+
+/** What features() gives: pooled (B, D), each image's tokens on its grid (gh, gw, D). */
+export interface NaFlexFeatures {
+  pooled: { data: Float32Array; dims: number[] };
+  tokens: { data: Float32Array; dims: [number, number, number] }[];
+  grids: [number, number][];
+  ms: { decode: number; preprocess: number; run: number };
+}
+
+export interface NaFlexMethods<I> {
+  readonly preprocess: NaFlexPreprocess;
+  readonly url: string;
+  readonly info: { backend: string; provider: string; threads: number | null };
+  run(batch: NaFlexBatch): Promise<{ pooled: { data: Float32Array; dims: number[] };
+    last_hidden_state: { data: Float32Array; dims: number[] } }>;
+  features(images: I | I[]): Promise<NaFlexFeatures>;
+  release(): Promise<void>;
+}
