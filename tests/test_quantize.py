@@ -233,6 +233,24 @@ def test_int8_gelu_fusion_is_exact(fp32_bundle, tmp_path):
         np.testing.assert_array_equal(a.run(x), b.run(x))
 
 
+@pytest.mark.parametrize("precision", ["int8", "int8-static"])
+def test_int8_attention_fusion_keeps_the_outputs(fp32_bundle, tmp_path, precision):
+    calib = [sample_inputs((24, 40), 2)] if precision == "int8-static" else None
+    fused = quantize_model(fp32_bundle / MODEL_FILE, tmp_path / "f.onnx", precision=precision,
+                           calibration=calib)
+    plain = quantize_model(fp32_bundle / MODEL_FILE, tmp_path / "p.onnx", precision=precision,
+                           calibration=calib, options=QuantOptions(fuse_attention=False))
+    ops = [n.op_type for n in onnx.load(str(fused.path)).graph.node]
+    assert ops.count("MultiHeadAttention") == 2 and "Softmax" not in ops  # one per block
+    assert "MultiHeadAttention" not in [n.op_type for n in onnx.load(str(plain.path)).graph.node]
+    assert fused.recipe["attention"].startswith("2 attention cores fused")
+    for hw in [(24, 40), (32, 32)]:
+        x = sample_inputs(hw, 2)
+        with ViTSession(fused.path) as a, ViTSession(plain.path) as b:
+            ya, yb = a.run(x), b.run(x)
+        assert np.abs(ya - yb).max() <= 1e-5 * max(1.0, np.abs(yb).max())
+
+
 def test_fp16_of_an_unsimplified_export_with_shared_initializers(make_tiny, tmp_path):
     """A fresh model's LayerNorm biases are all zeros: the exporter shares one initializer
     between them, and ORT's fp16 converter cast it to fp32 once per LayerNorm under one

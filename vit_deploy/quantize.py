@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from vit_deploy.fusions import fuse_for_cpu
 from vit_deploy.runtime.files import write_bytes_atomic
 from vit_deploy.runtime.errors import FAILED, VitDeployError
 from vit_deploy.runtime.contract import INPUT_NAME, IR_VERSION, METADATA_LINEARS_KEY, PRECISIONS
@@ -57,6 +58,7 @@ class QuantOptions:
     # and 3.5 % faster on ViT-B/16 (ORT's session optimiser does not fuse the exporter's
     # pattern itself; its offline FusionGelu, which fuse_gelu runs, does).
     fuse_gelu: bool = True
+    fuse_attention: bool = True  # int8 / int8-static: ORT's MultiHeadAttention (fusions.py)
     fp16_keep_fp32: tuple[str, ...] = FP16_KEEP_FP32
     # int8 / int8-static: SmoothQuant-style scale migration (smooth.py) with this alpha,
     # folded into the graph before quantising; its statistics come from the calibration
@@ -195,11 +197,9 @@ def quantize_model(src: str | Path, dst: str | Path, *, precision: str,
             recipe.update(quantised_layers=[], kept_float_layers=[],
                           kind="float16 weights and compute", io="float32",
                           kept_fp32_ops=list(options.fp16_keep_fp32))
-        if precision in ("int8", "int8-static") and options.fuse_gelu:  # CPU precisions
-            from vit_deploy.fusions import fuse_gelu
-
-            fused = fuse_gelu(out_tmp)
-            recipe["gelu"] = f"{fused} GELU subgraphs fused into com.microsoft.Gelu (exact)"
+        if precision in ("int8", "int8-static"):  # CPU precisions: ORT's contrib kernels
+            recipe.update(fuse_for_cpu(out_tmp, model, gelu=options.fuse_gelu,
+                                       attention=options.fuse_attention))
         out = onnx.load(str(out_tmp))
     out.ir_version = IR_VERSION
     del out.metadata_props[:]

@@ -1,0 +1,78 @@
+"""vit_deploy/fusions.py's attention fusion: every block's attention core becomes one
+com.microsoft.MultiHeadAttention in float and int8 graphs with the same outputs, and graphs
+whose attention is not the plain pattern (rotary positions, ToMe's size bias) are left alone."""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from vit_deploy.export.bundle import ExportOptions, export_bundle
+from vit_deploy.export.model import build_model
+from vit_deploy.fusions import fuse_attention
+from vit_deploy.runtime.config import variant
+
+SIZES = [(32, 32), (24, 40), (64, 48)]
+
+
+def _run(path: Path, x: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x})[0]
+
+
+def _ops(path: Path) -> Counter:
+    return Counter(n.op_type for n in onnx.load(str(path)).graph.node)
+
+
+def _fused_copy(src: Path, tmp_path: Path, heads: int) -> tuple[Path, int]:
+    dst = tmp_path / f"fused-{src.name}"
+    shutil.copyfile(src, dst)
+    return dst, fuse_attention(dst, heads)
+
+
+def _same_outputs(a: Path, b: Path, atol: float) -> None:
+    rng = np.random.default_rng(0)
+    for hw in SIZES:
+        x = rng.standard_normal((2, 3, *hw)).astype(np.float32)
+        ya, yb = _run(a, x), _run(b, x)
+        assert np.abs(ya - yb).max() <= atol * max(1.0, np.abs(ya).max()), hw
+
+
+def test_every_block_of_a_float_graph_is_fused_with_the_same_outputs(tiny_bundle, tmp_path):
+    model, result = tiny_bundle
+    src = result.path / "model.onnx"
+    fused, n = _fused_copy(src, tmp_path, model.cfg.heads)
+    assert n == model.cfg.depth
+    ops = _ops(fused)
+    assert ops["MultiHeadAttention"] == model.cfg.depth and ops["Softmax"] == 0
+    assert _ops(src)["Softmax"] == model.cfg.depth  # the bundle's own file untouched
+    onnx.checker.check_model(str(fused))
+    _same_outputs(src, fused, atol=1e-5)
+
+
+def test_quantize_fuses_int8_graphs_and_a_second_pass_finds_nothing(quantised_bundle, tmp_path):
+    """The defaults fuse (quantize's outputs against the unfused graph: tests/test_quantize.py);
+    a fused graph has no pattern left, and is left byte for byte."""
+    src = quantised_bundle / "model.int8.onnx"
+    ops = _ops(src)
+    assert ops["MultiHeadAttention"] == variant("tiny").depth and ops["MatMulInteger"] > 0
+    again, n = _fused_copy(src, tmp_path, variant("tiny").heads)
+    assert n == 0 and again.read_bytes() == src.read_bytes()
+
+
+@pytest.mark.parametrize("changes", [dict(pos_embed="rope"), dict(merge=(2, 2))],
+                         ids=["rope", "tome"])
+def test_attention_that_is_not_the_plain_pattern_is_left_alone(changes, tmp_path):
+    model = build_model(variant("tiny", **changes), seed=0)
+    result = export_bundle(model, tmp_path / "b", options=ExportOptions(resolution=(32, 32),
+                                                                         simplify=False))
+    src = result.path / "model.onnx"
+    fused, n = _fused_copy(src, tmp_path, model.cfg.heads)
+    assert n == 0
+    assert fused.read_bytes() == src.read_bytes()
