@@ -67,6 +67,7 @@ def run_bench(bundle: str | Path, options: BenchOptions = BenchOptions(),
               progress: Callable[[int, int], None] | None = None) -> BenchReport:
     bundle = Path(bundle)
     manifest = load_manifest(bundle)
+    manifest.require_nchw("vit-deploy bench")
     cfg = manifest.config
     manifest.require_models(options.precisions)
     providers = [p.name for p in parse_providers(list(options.providers))]

@@ -130,6 +130,13 @@ def run_check(bundle: str | Path, options: CheckOptions = CheckOptions(),
     manifest = load_manifest(bundle)  # sizes and hashes checked here
     precisions = options.precisions or tuple(p for p in PRECISIONS if p in manifest.models)
     manifest.require_models(precisions)
+    if manifest.naflex:  # patches + mask + grids: its own cases (naflex_check.py)
+        from vit_deploy.naflex_check import check_naflex
+
+        reference_kind(bundle, manifest, options.reference, naflex=True)  # a known name
+        report = CheckReport(str(bundle), ParityReport(), require=options.require)
+        check_naflex(bundle, manifest, options, precisions, report, progress)
+        return report
     if reference_kind(bundle, manifest, options.reference) == "bundle":
         return _check_golden(bundle, manifest, options, precisions, progress)
     resolutions = options.resolutions or tuple(
@@ -156,10 +163,13 @@ def run_check(bundle: str | Path, options: CheckOptions = CheckOptions(),
     return report
 
 
-def reference_kind(bundle: Path, manifest: Manifest, asked: str) -> str:
-    """'pytorch' or 'bundle' for `asked` (REFERENCES); BundleError where neither can be."""
+def reference_kind(bundle: Path, manifest: Manifest, asked: str, naflex: bool = False) -> str:
+    """'pytorch' or 'bundle' for `asked` (REFERENCES); BundleError where neither can be.
+    `naflex`: only the name is checked (naflex_check.py chooses)."""
     if asked not in REFERENCES:
         raise ValueError(f"reference must be one of {list(REFERENCES)}, got {asked!r}")
+    if naflex:
+        return asked
     if asked == "bundle" or (asked == "auto" and (
             importlib.util.find_spec("torch") is None or manifest.weights_file is None)):
         if manifest.references is None:

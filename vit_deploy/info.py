@@ -31,11 +31,14 @@ class BundleSummary:
             + (f", patch embedding PI-resized from {cfg.trained_patch_size} (FlexiViT)"
                if cfg.trained_patch_size else "")
             + (f", token merging {list(cfg.merge)} per block (ToMe)" if cfg.merging else ""),
-            f"input {inp.name} {list(inp.shape)} {inp.dtype}"
+            ", ".join(f"input {i.name} {list(i.shape)} {i.dtype}" for i in
+                      (io.inputs if m.naflex else io.inputs[:1]))
             + (f" ({io.dim_rule})" if io.dim_rule else " (static)")
             + "; outputs " + ", ".join(f"{o.name} {list(o.shape)}" for o in io.outputs)
-            + f"; preprocessing {m.preprocess.resize} to "
-              f"{format_resolution(m.deploy_resolution)}"]
+            + (f"; preprocessing NaFlex: each image at its own aspect ratio, at most "
+               f"{m.preprocess.max_num_patches} patches" if m.naflex else
+               f"; preprocessing {m.preprocess.resize} to "
+               f"{format_resolution(m.deploy_resolution)}")]
         table = Table("file", "role", "size", "nodes", "sha256")
         for name, entry in m.files.items():
             precision = entry.role.removeprefix("model:")

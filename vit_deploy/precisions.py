@@ -178,6 +178,8 @@ def _add_precisions(bundle: Path, precisions: Sequence[str], *, options: Precisi
                     calibration: Sequence[np.ndarray] | None,
                     log: Progress) -> PrecisionsReport:
     manifest = load_manifest(bundle)
+    if manifest.naflex:  # patches + mask + grids: judged by naflex_precisions.py
+        return _add_naflex(bundle, manifest, precisions, options, log)
     unknown = [p for p in precisions if p not in PRECISIONS]
     if unknown:
         raise ValueError(f"unknown precision(s) {unknown}; known: {list(PRECISIONS)}")
@@ -218,6 +220,24 @@ def _add_precisions(bundle: Path, precisions: Sequence[str], *, options: Precisi
             r = results[-1]
             log("; ".join([f"{precision}: {'pass' if r.passed else 'FAIL'}",
                            *(n.strip() for n in r.notes if n.strip())]))
+        keep = [r for r in results if r.passed or options.force]
+        if keep:
+            log(f"writing {', '.join(r.precision for r in keep)} into {bundle}")
+            _rewrite(bundle, manifest, keep, Path(tmp))
+    return PrecisionsReport(results, manifest.files[manifest.model_file("fp32")].size,
+                            force=options.force)
+
+
+def _add_naflex(bundle: Path, manifest: Manifest, precisions: Sequence[str],
+                options: PrecisionOptions, log: Progress) -> PrecisionsReport:
+    from vit_deploy.naflex_precisions import JUDGED_ON, naflex_candidates
+
+    with staging_directory(bundle) as tmp:
+        results = [PrecisionResult(c.precision, c.path.name, c.passed, c.recipe, c.noise,
+                                   photos=c.photos, judged_on=JUDGED_ON,
+                                   size=c.path.stat().st_size)
+                   for c in naflex_candidates(bundle, manifest, precisions, Path(tmp),
+                                              quant=options.quant, progress=log)]
         keep = [r for r in results if r.passed or options.force]
         if keep:
             log(f"writing {', '.join(r.precision for r in keep)} into {bundle}")

@@ -15,7 +15,8 @@ from typing import Any
 
 from vit_deploy.outputs import write_features
 from vit_deploy.runtime.contract import LOGITS_NAME
-from vit_deploy.runtime.manifest import dumps_strict
+from vit_deploy.runtime.contract import MANIFEST_NAME
+from vit_deploy.runtime.manifest import dumps_strict, load_manifest
 from vit_deploy.runtime.providers import short_name
 from vit_deploy.runtime.ort_session import RuntimeOptions
 from vit_deploy.runtime.results import Prediction
@@ -88,6 +89,8 @@ def predict(bundle: str | Path, images: Sequence[str | Path],
     """Top-k classes of each image (a classifier), and with `options.features` each image's
     dense outputs in one .npz. A bundle without a classifier needs `features`."""
     images = list(images)
+    if (Path(bundle) / MANIFEST_NAME).is_file() and load_manifest(bundle, verify=False).naflex:
+        return predict_naflex(bundle, images, options)
     with warnings.catch_warnings():  # a fallback is reported in the result, in plain words
         warnings.simplefilter("ignore", RuntimeWarning)
         session = ViTSession(bundle, provider=options.provider, precision=options.precision,
@@ -114,4 +117,47 @@ def predict(bundle: str | Path, images: Sequence[str | Path],
                              predictions, written, session.fallback_reason)
 
 
-__all__ = ["PredictOptions", "PredictResult", "predict"]
+NAFLEX_CHUNK = 16  # images per NaFlex batch (each padded to the bundle's patch budget)
+
+
+def predict_naflex(bundle: str | Path, images: list[str | Path],
+                   options: PredictOptions) -> PredictResult:
+    """A NaFlex bundle (no classifier): each image at its own aspect ratio, in mixed
+    batches; `features` gets `pooled` (B, width) and `patch_tokens_<i>` (width, gh, gw)."""
+    import io
+
+    import numpy as np
+
+    from vit_deploy.runtime.files import write_bytes_atomic
+    from vit_deploy.runtime.naflex_session import NaFlexSession
+    from vit_deploy.runtime.results import require_finite
+
+    given = [k for k, v in options.overrides.items() if v is not None]
+    if given:
+        raise ValueError(f"a NaFlex bundle resizes each image to its own patch grid (the "
+                         f"bundle's rule); {', '.join(given)} cannot apply")
+    if options.features is None:
+        raise ValueError(f"{bundle} is a NaFlex bundle with no classifier (outputs pooled, "
+                         f"last_hidden_state); write its features with --features out.npz")
+    session = NaFlexSession(bundle, provider=options.provider, precision=options.precision,
+                            options=RuntimeOptions(threads=options.threads))
+    arrays: dict[str, Any] = {"sources": np.array([str(i) for i in images])}
+    pooled = []
+    with session:
+        for start in range(0, len(images), NAFLEX_CHUNK):
+            out = session.features(images[start:start + NAFLEX_CHUNK])
+            pooled.append(require_finite(out.pooled, "pooled"))
+            for i, tokens in enumerate(out.tokens, start):  # (gh, gw, D) -> (D, gh, gw)
+                arrays[f"patch_tokens_{i}"] = require_finite(tokens, "last_hidden_state"
+                                                             ).transpose(2, 0, 1)
+    arrays["pooled"] = np.concatenate(pooled)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    write_bytes_atomic(Path(options.features), buffer.getvalue())
+    written = {"file": str(options.features),
+               "shapes": {k: list(v.shape) for k, v in arrays.items() if k != "sources"}}
+    return PredictResult([short_name(p) for p in session.providers], options.precision, [],
+                         written, session.fallback_reason)
+
+
+__all__ = ["PredictOptions", "PredictResult", "predict", "predict_naflex"]

@@ -93,6 +93,7 @@ def _add_target(bundle: Path, options: TargetOptions, log: Progress) -> TargetRe
     from vit_deploy.export.static import export_static
 
     manifest = load_manifest(bundle)
+    manifest.require_nchw("vit-deploy target")
     cfg = manifest.config
     for hw in options.buckets:
         require_patch_multiple(*hw, cfg.patch_size)

@@ -199,6 +199,7 @@ def triton_repository(bundle: str | Path, out: str | Path, *, precision: str = "
     """Write REPO/<name>/1/model.onnx and REPO/<name>/config.pbtxt; returns (repo, notes)."""
     bundle = Path(bundle)
     manifest = load_manifest(bundle)
+    manifest.require_nchw("vit-deploy triton")
     model_path = manifest.model_path(bundle, precision)
     if max_batch < 1:
         raise ValueError(f"max batch must be >= 1, got {max_batch}")

@@ -178,6 +178,7 @@ def write_site(bundle: str | Path, out: str | Path, *, precisions: Sequence[str]
     """Write the static site for `bundle` (the first precision is the page's default)."""
     bundle = Path(bundle)
     manifest = load_manifest(bundle)  # verified: every file's size and sha256
+    manifest.require_nchw("vit-deploy web")
     precisions = tuple(dict.fromkeys(precisions))
     if not precisions:
         raise ValueError("expected at least one precision, got none")

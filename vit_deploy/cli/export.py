@@ -100,6 +100,12 @@ class FamiliesOption(click.Option):
               help="Bundle directory. Default: ./vit-<model><patch>-<res>.")
 @click.option("--labels", "labels_file", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="Class names, one per line (as many as classes).")
+@click.option("--naflex", is_flag=True, help="SigLIP 2 NaFlex: a bundle whose graph takes "
+              "each image at its own aspect ratio (patches + mask + grids, as "
+              "Siglip2ImageProcessor makes them). Needs a siglip2 --checkpoint; no --res, "
+              "--static or output options.")
+@click.option("--max-patches", "max_patches", type=click.IntRange(1, 65_536), default=None,
+              help="With --naflex: each image's patch budget (max_num_patches). Default 256.")
 @click.option("--precision", "precisions", type=PrecisionList(), default="fp32",
               show_default=True, help="Precisions to add after the fp32 export (see quantize).")
 @quant_options
@@ -112,7 +118,8 @@ def export(variant_name: str | None, patch: int | None, resolution: tuple[int, i
            num_classes: int | None, static: bool, no_simplify: bool, features: bool,
            outputs: str | None, layers: str | None, layer_norm: bool, merge: str | None,
            opset: int, seed: int, out: Path | None, labels_file: Path | None, precisions: tuple[str, ...],
-           force: bool, quiet: bool, **quant: Any) -> None:
+           force: bool, quiet: bool, naflex: bool = False, max_patches: int | None = None,
+           **quant: Any) -> None:
     """Export a ViT to an ONNX bundle that takes any H×W divisible by the patch size.
 
     Checks ONNX Runtime (CPU) against PyTorch at several resolutions and batch sizes;
@@ -121,7 +128,17 @@ def export(variant_name: str | None, patch: int | None, resolution: tuple[int, i
     \b
     Example:
       vit-deploy export --model B/16 --res 224 --precision fp32,int8 --out vit-B16-224
+      vit-deploy export --checkpoint siglip2-dir --naflex --max-patches 256 --out s2-naflex
     """
+    if naflex or max_patches is not None:
+        given = {"--res": resolution, "--static": static, "--native-res": native_res,
+                 "--patch": patch, "--model": variant_name, "--num-classes": num_classes,
+                 "--features": features, "--outputs": outputs, "--layers": layers,
+                 "--merge-tokens": merge, "--labels": labels_file}
+        export_naflex_bundle(checkpoint, out, naflex=naflex, max_patches=max_patches,
+                             source=source, opset=opset, precisions=precisions, force=force,
+                             quiet=quiet, refused=[k for k, v in given.items() if v], **quant)
+        return
     from vit_deploy.export.bundle import (ExportOptions, default_bundle_name, export_bundle,
                                           model_from_flags, validate_request)
     from vit_deploy.export.sources import open_checkpoint
@@ -180,3 +197,47 @@ def read_labels(path: Path) -> tuple[str, ...]:
                      if line.strip())
     except (OSError, UnicodeDecodeError) as e:
         raise click.BadParameter(f"cannot read {str(path)!r}: {e}", param_hint="--labels") from None
+
+
+def export_naflex_bundle(checkpoint: str | None, out: Path | None, *, naflex: bool,
+                         max_patches: int | None, source: str, opset: int,
+                         precisions: tuple[str, ...], force: bool, quiet: bool,
+                         refused: list[str], **quant: Any) -> None:
+    """`export --naflex`: refuse what NaFlex cannot take, then export_naflex_bundle."""
+    if not naflex:
+        raise click.UsageError("--max-patches is NaFlex's patch budget: it needs --naflex")
+    if refused:
+        raise click.UsageError(f"--naflex takes each image at its own aspect ratio and "
+                               f"outputs pooled + last_hidden_state: {', '.join(refused)} "
+                               f"cannot apply; drop {'it' if len(refused) == 1 else 'them'}")
+    if checkpoint is None:
+        raise click.UsageError("--naflex needs a SigLIP 2 --checkpoint (a siglip2 "
+                               "save_pretrained directory or hf:ORG/NAME)")
+    from vit_deploy.export.naflex_bundle import (NaFlexBundleOptions, export_naflex_bundle as
+                                                 write_bundle, siglip2_checkpoint)
+    from vit_deploy.export.sources import open_checkpoint
+    from vit_deploy.info import BundleSummary
+    from vit_deploy.progress import steps
+    from vit_deploy.runtime.manifest import load_manifest
+
+    src = open_checkpoint(checkpoint, source=source)
+    model = siglip2_checkpoint(src.path, source=src.source)  # UsageError-worthy: exit 2
+    out = out or Path(f"siglip2-naflex-{max_patches or 256}")
+    pre = src.preprocess
+    options = NaFlexBundleOptions(max_num_patches=max_patches or 256, opset=opset, force=force,
+                                  mean=pre.mean if pre else None, std=pre.std if pre else None,
+                                  source={**src.record, "checkpoint": str(checkpoint)})
+    screen = console()
+    if not quiet:
+        screen.print(f"exporting {model.cfg.name or 'SigLIP 2'} as NaFlex (at most "
+                     f"{options.max_num_patches} patches per image) -> {out}")
+    with steps(quiet=quiet, title="exporting") as progress:
+        result = write_bundle(model, out, options=options, progress=progress)
+    if not quiet:
+        screen.print(result.report)
+    if any(p != "fp32" for p in precisions):
+        add_precisions(out, precisions, force=False, quiet=quiet, **quant)
+    if quiet:
+        click.echo(str(out))
+        return
+    screen.print(BundleSummary(load_manifest(out), str(out)))

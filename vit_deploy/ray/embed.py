@@ -177,6 +177,7 @@ def embed(bundle: str | Path, images: list[str | Path], out: str | Path, *,
     t0 = time.perf_counter()
     bundle, out = Path(bundle).resolve(), Path(out).resolve()
     manifest = load_manifest(bundle)
+    manifest.require_nchw("vit-deploy embed")
     pre = Preprocess.from_manifest(manifest)
     paths = collect_paths(images)
     model = manifest.model_file(options.precision)  # a precision it lacks: BundleError

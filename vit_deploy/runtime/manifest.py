@@ -30,6 +30,7 @@ from vit_deploy.runtime.files import sha256_file, write_bytes_atomic
 from vit_deploy.runtime.manifest_parts import (BundleError, FileEntry, IOSpec, PreprocessSpec,
                                                TargetSpec, _files, _io, _is_int, _need, _plain,
                                                _preprocess, _safe_name, _targets)
+from vit_deploy.runtime.naflex_references import NaFlexReferences, parse_naflex_references
 from vit_deploy.runtime.references import References, parse_references
 from vit_deploy.runtime.sizes import format_resolution, require_patch_multiple
 from vit_deploy.runtime.swap import recover_on_open
@@ -56,12 +57,27 @@ class Manifest:
     versions: Mapping[str, str] = field(default_factory=dict)
     targets: Mapping[str, TargetSpec] = field(default_factory=dict)  # edge targets by name
     references: References | None = None  # golden outputs (runtime/references.py); old: none
+    # a NaFlex bundle's golden outputs (runtime/naflex_references.py)
+    naflex_references: NaFlexReferences | None = None
     format_version: int = BUNDLE_FORMAT_VERSION
 
     # -- the questions callers ask -----------------------------------------------------
     @property
     def deploy_resolution(self) -> tuple[int, int]:
         return self.preprocess.resolution
+
+    @property
+    def naflex(self) -> bool:
+        """SigLIP 2 NaFlex inputs (patches, mask, grids), not NCHW: NaFlexSession runs it."""
+        return self.io.naflex
+
+    def require_nchw(self, what: str) -> None:
+        """BundleError naming `what` (a command) for a NaFlex bundle, which it cannot use."""
+        if self.naflex:
+            raise BundleError(f"{what} needs a bundle that takes NCHW images; this one is a "
+                              f"SigLIP 2 NaFlex bundle (patches + mask + grids, each image "
+                              f"at its own aspect ratio): use predict, check, info or "
+                              f"vit_deploy.runtime.NaFlexSession")
 
     @property
     def native_resolution(self) -> tuple[int, int]:
@@ -184,6 +200,8 @@ class Manifest:
             **({"targets": {n: t.to_dict() for n, t in self.targets.items()}}
                if self.targets else {}),
             **({"references": self.references.to_dict()} if self.references else {}),
+            **({"naflex_references": self.naflex_references.to_dict()}
+               if self.naflex_references else {}),
         }
 
     def to_json(self) -> str:
@@ -255,6 +273,8 @@ class Manifest:
                    precisions=m.get("precisions", {}), versions=m.get("versions", {}),
                    targets=_targets(m.get("targets", {}), files, config, where),
                    references=parse_references(m.get("references"), files, io, config, where),
+                   naflex_references=parse_naflex_references(m.get("naflex_references"), files,
+                                                             io, where),
                    format_version=version)
 
     # -- files -------------------------------------------------------------------------

@@ -17,6 +17,8 @@ from vit_deploy.runtime.contract import (BUCKET_POLICIES, INTERPOLATIONS, MANIFE
                                          MIN_CROP_PCT, PRECISIONS, RESIZE_RULES, TARGETS)
 from vit_deploy.runtime.errors import BAD_INPUT, VitDeployError
 from vit_deploy.runtime.files import sha256_file
+from vit_deploy.runtime.naflex_contract import (NAFLEX_INPUT_DTYPES, NAFLEX_INPUTS, NAFLEX_LAYOUT,
+                                                NAFLEX_RESIZE, PATCH_BUDGET_LIMIT)
 from vit_deploy.runtime.sizes import MAX_SIDE
 
 MAX_TARGET_BATCH = 4096  # a target graph's fixed batch
@@ -62,6 +64,12 @@ class IOSpec:
     def output_names(self) -> list[str]:
         return [o.name for o in self.outputs]
 
+    @property
+    def naflex(self) -> bool:
+        """SigLIP 2 NaFlex inputs (patches, mask, grids: runtime/naflex_contract.py), not an
+        NCHW image."""
+        return tuple(i.name for i in self.inputs) == NAFLEX_INPUTS
+
     def output(self, name: str) -> TensorSpec:
         for o in self.outputs:
             if o.name == name:
@@ -84,12 +92,17 @@ class PreprocessSpec:
     # timm's crop_pct: resize to floor(side / crop_pct) first, then centre-crop the
     # resolution (shorter_side_center_crop, squash). None: resize just to cover it.
     crop_pct: float | None = None
+    # resize "naflex" (layout "patches"): each image's patch budget, its aspect ratio kept
+    # (runtime/naflex.py); `resolution` is then the native size, which NaFlex does not use.
+    max_num_patches: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """As JSON; crop_pct only when set (bundles without it read as before it existed)."""
+        """As JSON; crop_pct and max_num_patches only when set (bundles without them read
+        as before they existed)."""
         d = _plain(dataclasses.asdict(self))
-        if d["crop_pct"] is None:
-            del d["crop_pct"]
+        for key in ("crop_pct", "max_num_patches"):
+            if d[key] is None:
+                del d[key]
         return d
 
 
@@ -189,8 +202,11 @@ def _io(io: dict[str, Any], config: ViTConfig, where: str) -> IOSpec:
         specs[key] = tuple(TensorSpec(i["name"], str(i.get("dtype", "float32")), tuple(i["shape"]))
                            for i in items)
     shape = specs["inputs"][0].shape
-    _need(len(shape) == 4 and shape[1] == config.in_chans, where, "io.inputs[0].shape",
-          f"[batch, {config.in_chans}, height, width]", list(shape))
+    if tuple(i.name for i in specs["inputs"]) == NAFLEX_INPUTS:
+        _naflex_io(specs["inputs"], config, where)
+    else:
+        _need(len(shape) == 4 and shape[1] == config.in_chans, where, "io.inputs[0].shape",
+              f"[batch, {config.in_chans}, height, width]", list(shape))
     rule = io.get("dim_rule")
     _need(rule is None or isinstance(rule, str), where, "io.dim_rule", "a string", rule)
     names = [o.name for o in specs["outputs"]]
@@ -199,6 +215,18 @@ def _io(io: dict[str, Any], config: ViTConfig, where: str) -> IOSpec:
     _need(isinstance(layer_norm, bool), where, "io.layer_norm", "true or false", layer_norm)
     return IOSpec(inputs=specs["inputs"], outputs=specs["outputs"], dynamic=io["dynamic"],
                   patch_size=io["patch_size"], dim_rule=rule, layer_norm=layer_norm)
+
+
+def _naflex_io(inputs: tuple[TensorSpec, ...], config: ViTConfig, where: str) -> None:
+    """A NaFlex bundle's inputs: (batch, num_patches, C*P*P) float32, (batch, num_patches)
+    int32, (batch, 2) int64, the first two dims shared."""
+    depth = config.in_chans * config.patch_size ** 2
+    values, mask, shapes = (i.shape for i in inputs)
+    _need(len(values) == 3 and values[2] == depth and len(mask) == 2
+          and tuple(mask) == tuple(values[:2]) and len(shapes) == 2 and shapes[0] == values[0]
+          and shapes[1] == 2 and tuple(i.dtype for i in inputs) == NAFLEX_INPUT_DTYPES,
+          where, "io.inputs", f"NaFlex's [batch, num_patches, {depth}] float32, [batch, "
+          f"num_patches] int32, [batch, 2] int64", [(i.shape, i.dtype) for i in inputs])
 
 
 def _preprocess(pre: dict[str, Any], config: ViTConfig, io: IOSpec, where: str) -> PreprocessSpec:
@@ -217,6 +245,18 @@ def _preprocess(pre: dict[str, Any], config: ViTConfig, io: IOSpec, where: str) 
         raise BundleError(f"{where}: {e}") from None
     fields: dict[str, Any] = {"resolution": tuple(res), "mean": tuple(map(float, pre["mean"])),
                               "std": tuple(map(float, pre["std"]))}
+    if io.naflex:  # the rule is NaFlex's, whatever else the file says: nothing to mix up
+        budget = pre.get("max_num_patches")
+        _need(pre.get("resize") == NAFLEX_RESIZE and pre.get("layout") == NAFLEX_LAYOUT
+              and _is_int(budget, 1, PATCH_BUDGET_LIMIT), where, "preprocess",
+              f"NaFlex's {{resize: {NAFLEX_RESIZE!r}, layout: {NAFLEX_LAYOUT!r}, "
+              f"max_num_patches: 1..{PATCH_BUDGET_LIMIT}}} for NaFlex inputs",
+              {k: pre.get(k) for k in ("resize", "layout", "max_num_patches")})
+        return PreprocessSpec(**fields, resize=NAFLEX_RESIZE, layout=NAFLEX_LAYOUT,
+                              interpolation="bilinear",
+                              scale=float(pre.get("scale", 1 / 255)), max_num_patches=budget)
+    _need(pre.get("max_num_patches") is None, where, "preprocess.max_num_patches",
+          "absent on NCHW inputs (it is NaFlex's)", pre.get("max_num_patches"))
     for key, allowed in (("resize", RESIZE_RULES), ("interpolation", INTERPOLATIONS),
                          ("color", ("RGB",)), ("layout", ("NCHW",))):
         if key in pre:

@@ -22,18 +22,12 @@ from PIL import Image
 from vit_deploy.runtime.config import check_normalization
 from vit_deploy.runtime.preprocess import ImageInput, load_image
 
-# The graph's contract: transformers' input names, so the processor's output feeds it as is.
-PIXEL_VALUES = "pixel_values"  # (batch, num_patches, C*P*P) float32, normalised patches
-ATTENTION_MASK = "pixel_attention_mask"  # (batch, num_patches) int32: 1 real, 0 padding
-SPATIAL_SHAPES = "spatial_shapes"  # (batch, 2) int64: each image's (gh, gw)
-NAFLEX_INPUTS = (PIXEL_VALUES, ATTENTION_MASK, SPATIAL_SHAPES)
-POOLED = "pooled"  # (batch, width) float32: the attention-pooled embedding
-LAST_HIDDEN = "last_hidden_state"  # (batch, num_patches, width): padding rows meaningless
-NAFLEX_OUTPUTS = (POOLED, LAST_HIDDEN)
-BATCH_DIM, PATCHES_DIM = "batch", "num_patches"
-METADATA_NAFLEX_KEY = "vit_deploy.naflex"  # in the ONNX metadata: the inputs are NaFlex's
-MAX_NUM_PATCHES = 256  # Siglip2ImageProcessor's default
-PATCH_BUDGET_LIMIT = 65_536  # of max_num_patches: 200 MB of float32 per image at patch 16
+# The graph's contract (runtime/naflex_contract.py): transformers' input names, so the
+# processor's output feeds it as is.
+from vit_deploy.runtime.naflex_contract import (  # noqa: E402,F401  (re-exported)
+    ATTENTION_MASK, BATCH_DIM, LAST_HIDDEN, MAX_NUM_PATCHES, METADATA_NAFLEX_KEY, NAFLEX_INPUTS,
+    NAFLEX_OUTPUTS, PATCH_BUDGET_LIMIT, PATCHES_DIM, PIXEL_VALUES, POOLED, SPATIAL_SHAPES)
+
 _SEARCH_EPS = 1e-5  # transformers' get_image_size_for_max_num_patches: binary-search step
 
 

@@ -11,12 +11,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from vit_deploy.runtime.contract import MODEL_FILE
+from vit_deploy.runtime.contract import MANIFEST_NAME, MODEL_FILE
 from vit_deploy.runtime.errors import BAD_INPUT, VitDeployError
+from vit_deploy.runtime.manifest import Manifest, load_manifest
 from vit_deploy.runtime.manifest_parts import BundleError
+from vit_deploy.runtime.model_scan import _file_contains, inspect_model
 from vit_deploy.runtime.naflex import (ATTENTION_MASK, METADATA_NAFLEX_KEY, NAFLEX_INPUTS,
                                        NAFLEX_OUTPUTS, PIXEL_VALUES, SPATIAL_SHAPES,
                                        MAX_NUM_PATCHES, NaFlexBatch, NaFlexPreprocess)
@@ -24,6 +27,8 @@ from vit_deploy.runtime.ort_session import (RuntimeOptions, _config_from_metadat
                                             _create_session)
 from vit_deploy.runtime.preprocess import ImageInput
 from vit_deploy.runtime.providers import ProviderSpec, parse_providers
+from vit_deploy.runtime.session import ViTSession
+from vit_deploy.runtime.swap import recover_on_open
 
 
 class NaFlexInputError(VitDeployError, ValueError):
@@ -42,22 +47,43 @@ class NaFlexFeatures:
 
 
 class NaFlexSession:
-    """NaFlexSession(model.onnx or a folder holding it): features(images) -> NaFlexFeatures.
+    """NaFlexSession(a NaFlex bundle, model.onnx, or a folder holding it): features(images)
+    -> NaFlexFeatures. A context manager, like ViTSession.
 
-    `max_num_patches`: each image's patch budget (Siglip2ImageProcessor's rule); more
-    patches, finer grids, slower runs."""
+    A bundle (manifest.json) is verified, its `precision` model is run and its patch budget
+    and normalisation are used. `max_num_patches`: each image's patch budget
+    (Siglip2ImageProcessor's rule; default the bundle's, else 256); more patches, finer
+    grids, slower runs."""
 
     def __init__(self, model: str | Path, *,
                  provider: ProviderSpec | Sequence[ProviderSpec] = "cpu",
-                 options: RuntimeOptions = RuntimeOptions(),
-                 max_num_patches: int = MAX_NUM_PATCHES):
+                 options: RuntimeOptions = RuntimeOptions(), precision: str = "fp32",
+                 max_num_patches: int | None = None):
         path = Path(model)
+        recover_on_open(path)
+        self.manifest: Manifest | None = None
+        if (path / MANIFEST_NAME).is_file():
+            self.manifest = load_manifest(path, verify=options.verify)
+            if not self.manifest.naflex:
+                raise BundleError(f"{str(path)!r} is a bundle of NCHW inputs, not NaFlex: "
+                                  f"open it with ViTSession (or vit_deploy.runtime.open_session)")
+            path = self.manifest.model_path(path, precision)
+        elif precision != "fp32":
+            raise BundleError(f"precision {precision!r} needs a bundle (manifest.json); "
+                              f"{str(path)!r} is not one")
         path = path / MODEL_FILE if path.is_dir() else path
         if not path.is_file():
             raise BundleError(f"no NaFlex model at {str(path)!r} (expected an .onnx file or a "
                               f"folder holding {MODEL_FILE})")
-        self.session, _, _ = _create_session(path, parse_providers(provider), options,
-                                             fallback=False)
+        # dynamic int8 quantises activations per tensor: a batch couples its images, so
+        # they run one at a time (as ViTSession does), unless options say otherwise
+        coupled = inspect_model(path, set(self.manifest.files) if self.manifest else None)
+        self.split_batches = (coupled if options.split_batches is None
+                              else options.split_batches)
+        self.session, self.fallback_reason, _ = _create_session(
+            path, parse_providers(provider), options, fallback=False)
+        self.precision, self.providers = precision, self.session.get_providers()
+        self.output_names = list(NAFLEX_OUTPUTS)
         meta = self.session.get_modelmeta().custom_metadata_map
         names = ([i.name for i in self.session.get_inputs()],
                  [o.name for o in self.session.get_outputs()])
@@ -70,13 +96,37 @@ class NaFlexSession:
         if cfg is None:
             raise BundleError(f"{str(path)!r} carries no vit-deploy config in its metadata")
         self.config, self.path = cfg, path
-        self.preprocess = NaFlexPreprocess(patch_size=cfg.patch_size, mean=cfg.mean,
-                                           std=cfg.std, max_num_patches=max_num_patches)
+        spec = self.manifest.preprocess if self.manifest else None
+        budget = max_num_patches or (spec.max_num_patches if spec else None) or MAX_NUM_PATCHES
+        self.preprocess = NaFlexPreprocess(
+            patch_size=cfg.patch_size, max_num_patches=budget,
+            mean=spec.mean if spec else cfg.mean, std=spec.std if spec else cfg.std)
+
+    def __enter__(self) -> NaFlexSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Drop the ONNX Runtime session (its memory); the object is unusable after."""
+        self.session = None  # type: ignore[assignment]
+
+    def pooled(self, images: Sequence[ImageInput]) -> np.ndarray:
+        """Images -> their pooled embeddings (B, D)."""
+        return self.features(images).pooled
 
     def run(self, batch: NaFlexBatch) -> dict[str, np.ndarray]:
         """The graph on prepared inputs -> {pooled (B, D), last_hidden_state (B, N, D)}."""
         self.validate(batch)
+        if self.split_batches and len(batch.pixel_values) > 1:
+            rows = [self.session.run(None, NaFlexBatch(*(a[i:i + 1] for a in batch)).feeds())
+                    for i in range(len(batch.pixel_values))]
+            return {n: np.concatenate([r[k] for r in rows])
+                    for k, n in enumerate(NAFLEX_OUTPUTS)}
         return dict(zip(NAFLEX_OUTPUTS, self.session.run(None, batch.feeds())))
+
+    run_all = run  # ViTSession's name for every output by name
 
     def features(self, images: Sequence[ImageInput]) -> NaFlexFeatures:
         """Images (paths, bytes, PIL images or HWC uint8 arrays, any sizes) -> features."""
@@ -109,3 +159,15 @@ class NaFlexSession:
             raise NaFlexInputError(f"every image needs a grid of 1..{N} patches and that many "
                                    f"real patches in its mask; got grids {shapes.tolist()}, "
                                    f"real patches {mask.sum(1).tolist()}")
+
+
+def open_session(model: str | Path, **kwargs: Any) -> ViTSession | NaFlexSession:
+    """The session `model` (a bundle, or a .onnx file) needs: NaFlexSession for a NaFlex
+    one, else ViTSession; `kwargs` go to it (NaFlexSession takes provider, options,
+    precision and max_num_patches)."""
+    path = Path(model)
+    if (path / MANIFEST_NAME).is_file():
+        naflex = load_manifest(path, verify=False).naflex  # the session verifies it
+    else:
+        naflex = path.is_file() and bool(_file_contains(path, (METADATA_NAFLEX_KEY.encode(),)))
+    return NaFlexSession(path, **kwargs) if naflex else ViTSession(path, **kwargs)

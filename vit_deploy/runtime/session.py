@@ -21,6 +21,7 @@ from vit_deploy.runtime.cpu import int8_warning
 from vit_deploy.runtime.manifest import Manifest, load_manifest
 from vit_deploy.runtime.manifest_parts import BundleError
 from vit_deploy.runtime.model_scan import inspect_model
+from vit_deploy.runtime.naflex_contract import METADATA_NAFLEX_KEY, NAFLEX_NOT_VIT
 from vit_deploy.runtime.ort_session import (RuntimeOptions, _check_manifest_against_model,
                                             _config_from_metadata, _session_options)
 from vit_deploy.runtime.ov_session import create_session
@@ -72,6 +73,8 @@ class ViTSession:
         self.manifest: Manifest | None = None
         if path.is_dir():
             self.manifest = load_manifest(path, verify=options.verify)
+            if self.manifest.naflex:
+                raise BundleError(NAFLEX_NOT_VIT.format(path=str(path)))
             self.model_path = self.manifest.model_path(path, precision)
         elif path.is_file():
             self.model_path = path
@@ -89,6 +92,8 @@ class ViTSession:
         # what runs it, with its version: 'onnxruntime 1.31.1' or 'openvino 2026.4.1'
         self.engine = (f"openvino {self._session.version}" if self.openvino
                        else f"onnxruntime {ort.__version__}")
+        if METADATA_NAFLEX_KEY in self._session.get_modelmeta().custom_metadata_map:
+            raise BundleError(NAFLEX_NOT_VIT.format(path=str(path)))
         stored = _config_from_metadata(self._session)  # what the exporter wrote into the file
         if self.manifest is not None:
             _check_manifest_against_model(self.manifest, stored, self.model_path)

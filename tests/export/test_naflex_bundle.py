@@ -1,0 +1,187 @@
+"""A SigLIP 2 NaFlex bundle end to end: `export --naflex` writes manifest.json (NaFlex inputs,
+the patch budget, golden references), model.onnx and the weights; NaFlexSession /
+open_session run it (ViTSession refuses it by name); predict --features, info, check
+(PyTorch and --reference bundle, six aspect ratios from 1:4 to 8:1 and a mixed batch) and
+quantize int8 work on it; bad flag combinations are one-line errors, exit 2.
+
+One random-weight tower (64 wide, 2 layers, patch 16, a 16x16 table) saved with
+save_pretrained and exported once per module, with a budget of 64 patches."""
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from PIL import Image
+
+import transformers as T
+from vit_deploy.cli import main
+from vit_deploy.runtime import NaFlexSession, ViTSession, load_manifest, open_session
+from vit_deploy.runtime.manifest import Manifest
+from vit_deploy.runtime.manifest_parts import BundleError
+from vit_deploy.runtime.naflex import NAFLEX_INPUTS, NAFLEX_OUTPUTS
+
+pytestmark = pytest.mark.heavy  # one export (~20 s on 2 cores) and PyTorch checks
+BUDGET = 64
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    torch.manual_seed(0)
+    hf = T.Siglip2VisionModel(T.Siglip2VisionConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        patch_size=16, num_patches=256)).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    directory = tmp_path_factory.mktemp("hf") / "siglip2"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def bundle(checkpoint, tmp_path_factory):
+    out = tmp_path_factory.mktemp("naflex") / "b"
+    r = CliRunner().invoke(main, ["export", "--checkpoint", str(checkpoint), "--naflex",
+                                  "--max-patches", str(BUDGET), "--out", str(out), "--quiet"])
+    assert r.exit_code == 0, r.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def images():
+    rng = np.random.default_rng(0)
+    return [rng.integers(0, 256, hw + (3,), dtype=np.uint8)
+            for hw in ((40, 160), (160, 40), (90, 60), (64, 64), (30, 200))]
+
+
+def test_the_manifest_says_naflex_and_round_trips(bundle):
+    m = load_manifest(bundle)
+    assert m.naflex and m.preprocess.resize == "naflex" and m.preprocess.layout == "patches"
+    assert m.preprocess.max_num_patches == BUDGET
+    assert [i.name for i in m.io.inputs] == list(NAFLEX_INPUTS)
+    assert m.io.inputs[0].shape == ("batch", "num_patches", 3 * 16 * 16)
+    assert m.io.output_names == list(NAFLEX_OUTPUTS)
+    assert {"model.onnx", "weights.safetensors", "references.bin"} <= set(m.files)
+    assert m.references is None and len(m.naflex_references.cases) == 3
+    assert Manifest.from_json(m.to_json()) == m
+    with pytest.raises(BundleError, match="NaFlex bundle"):
+        m.require_nchw("vit-deploy target")
+    data = json.loads(m.to_json())
+    data["preprocess"]["resize"] = "squash"
+    with pytest.raises(BundleError, match="NaFlex's"):
+        Manifest.from_dict(data)
+
+
+def test_sessions(bundle, images):
+    with open_session(bundle) as s:
+        assert isinstance(s, NaFlexSession) and s.preprocess.max_num_patches == BUDGET
+        out = s.features(images)
+    with NaFlexSession(bundle / "model.onnx", max_num_patches=BUDGET) as bare:
+        np.testing.assert_array_equal(bare.features(images).pooled, out.pooled)
+    assert out.pooled.shape == (5, 64)
+    assert [t.shape[:2] for t in out.tokens][:2] == [(4, 16), (16, 4)]  # 1:4 and 4:1 grids
+    for path in (bundle, bundle / "model.onnx"):
+        with pytest.raises(BundleError, match="NaFlexSession"):
+            ViTSession(path)
+
+
+def test_predict_writes_pooled_and_token_grids(bundle, images, tmp_path):
+    files = []
+    for i, image in enumerate(images):
+        files.append(tmp_path / f"{i}.png")
+        Image.fromarray(image).save(files[-1])
+    npz = tmp_path / "f.npz"
+    r = CliRunner().invoke(main, ["predict", str(bundle), *map(str, files), "--features",
+                                  str(npz), "--quiet"])
+    assert r.exit_code == 0, r.output
+    got = np.load(npz)
+    with NaFlexSession(bundle) as s:
+        want = s.features(images)
+    np.testing.assert_allclose(got["pooled"], want.pooled, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["patch_tokens_1"], want.tokens[1].transpose(2, 0, 1),
+                               rtol=1e-5, atol=1e-6)
+    r = CliRunner().invoke(main, ["predict", str(bundle), str(files[0])])
+    assert r.exit_code == 2 and "--features" in r.output
+
+
+def test_info_and_check_both_references(bundle, tmp_path):
+    r = CliRunner().invoke(main, ["info", str(bundle)])
+    assert r.exit_code == 0 and f"at most {BUDGET} patches" in r.output
+    for reference in ("pytorch", "bundle"):
+        report = tmp_path / f"{reference}.json"
+        r = CliRunner().invoke(main, ["check", str(bundle), "--reference", reference,
+                                      "--json", str(report), "--quiet"])
+        assert r.exit_code == 0, r.output
+        cases = json.loads(report.read_text())["cases"]
+        labels = " ".join(c["case"] for c in cases)
+        assert "128x32" in labels and "32x128" in labels and "24x192" in labels  # 1:4 .. 8:1
+        assert all(c["passed"] for c in cases) and len(cases) >= 6
+        assert ("photos" in labels) == (reference == "pytorch")
+
+
+def test_quantize_int8_then_check(bundle, tmp_path):
+    copy = tmp_path / "q"
+    shutil.copytree(bundle, copy)
+    r = CliRunner().invoke(main, ["quantize", str(copy), "--precision", "int8", "--quiet"])
+    assert r.exit_code == 0, r.output
+    m = load_manifest(copy)
+    assert "int8" in m.models
+    photos = m.precisions["int8"]["real_images"]["cases"]
+    assert photos and min(c["cosine_min"] for c in photos) >= 0.99
+    r = CliRunner().invoke(main, ["check", str(copy), "--precision", "int8", "--reference",
+                                  "bundle", "--quiet"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["quantize", str(copy), "--precision", "int8-static"])
+    assert r.exit_code == 2 and "NaFlex" in r.output
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--res", "224"], "--res cannot apply"),
+    (["--static", "--layers", "1"], "--static, --layers cannot apply"),
+])
+def test_bad_combinations_are_one_line_errors(checkpoint, tmp_path, flags, message):
+    r = CliRunner().invoke(main, ["export", "--checkpoint", str(checkpoint), "--naflex",
+                                  *flags, "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "x").exists()
+
+
+def test_naflex_needs_a_siglip2_checkpoint(tmp_path):
+    r = CliRunner().invoke(main, ["export", "--naflex", "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "needs a SigLIP 2 --checkpoint" in r.output
+    r = CliRunner().invoke(main, ["export", "--max-patches", "64"])
+    assert r.exit_code == 2 and "needs --naflex" in r.output
+    vit = tmp_path / "vit"
+    T.ViTModel(T.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           intermediate_size=64, image_size=32, patch_size=16)
+               ).save_pretrained(vit)
+    r = CliRunner().invoke(main, ["export", "--checkpoint", str(vit), "--naflex",
+                                  "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "model_type 'vit'" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+
+@pytest.mark.parametrize("argv", [
+    ["target", "{b}", "--target", "cpu", "--buckets", "224"],
+    ["triton", "{b}", "--out", "{tmp}/repo"],
+    ["web", "{b}", "--out", "{tmp}/site"],
+    ["bench", "{b}"],
+    ["serve", "{b}", "--port", "0"],
+    ["embed", "{b}", "{image}", "--out", "{tmp}/f.parquet"],
+], ids=lambda a: a[0])
+def test_commands_for_nchw_bundles_refuse_in_one_line(bundle, tmp_path, argv):
+    image = next(iter(sorted((Path(__file__).parents[2] / "vit_deploy" / "data" / "photos")
+                             .glob("*.jpg"))))
+    args = [a.format(b=bundle, tmp=tmp_path, image=image) for a in argv]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code != 0 and "Traceback" not in r.output, r.output
+    assert "NaFlex" in r.output, r.output
+    assert not any(tmp_path.iterdir()), "nothing written"
