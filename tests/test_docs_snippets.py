@@ -60,9 +60,9 @@ NOT_HERE = {
         "a container engine and Triton's image (a network): tests/test_triton.py parses the "
         "repository with Triton's own protobuf",
     ("serving.md", "vit-deploy serve vit-B16-448 --name vit_b16"):
-        "a server that runs until stopped: tests/test_server.py, tests/test_server_v2.py",
+        "a server that runs until stopped: tests/serve/test_server.py, tests/serve/test_server_v2.py",
     ("serving.md", "python examples/oip_client.py"):
-        "needs the server above: tests/test_server_v2.py",
+        "needs the server above: tests/serve/test_server_v2.py",
 }
 # A synopsis (placeholders such as BUNDLE) is not a command to run; where its options are held
 SYNOPSIS = {"vit-deploy": "a synopsis: tests/test_docs.py checks that the CLI has its options",

@@ -20,8 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # Lines that cannot run on a CPU-only machine without a network, and where they are tested
 NOT_HERE = {
     "--checkpoint": "downloads or needs a checkpoint: tests/export/test_hub.py, test_checkpoints.py",
-    "vit-deploy serve": "a server that runs until stopped: tests/test_server.py",
-    "examples/oip_client.py": "needs the server above: tests/test_server_v2.py",
+    "vit-deploy serve": "a server that runs until stopped: tests/serve/test_server.py",
+    "examples/oip_client.py": "needs the server above: tests/serve/test_server_v2.py",
+    "vit-deploy embed": "needs a Ray cluster (--ray auto): tests/serve/test_ray.py",
 }
 
 

@@ -58,7 +58,7 @@ class QuantOptions:
     # and 3.5 % faster on ViT-B/16 (ORT's session optimiser does not fuse the exporter's
     # pattern itself; its offline FusionGelu, which fuse_gelu runs, does).
     fuse_gelu: bool = True
-    fuse_attention: bool = True  # int8 / int8-static: ORT's MultiHeadAttention (fusions.py)
+    fuse_attention: bool = False  # ORT's MultiHeadAttention: measured, not kept (cpu-speed.md)
     fp16_keep_fp32: tuple[str, ...] = FP16_KEEP_FP32
     # int8 / int8-static: SmoothQuant-style scale migration (smooth.py) with this alpha,
     # folded into the graph before quantising; its statistics come from the calibration

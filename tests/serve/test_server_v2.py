@@ -35,7 +35,7 @@ from vit_deploy.runtime.session import InputError
 from vit_deploy.serve.app import make_app
 from vit_deploy.triton import model_metadata, triton_repository
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NAME = "vit_tiny"
 MAX_BATCH = 4
 LABELS = tuple(f"digit-{i}" for i in range(10))

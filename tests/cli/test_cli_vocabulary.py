@@ -22,7 +22,7 @@ from vit_deploy.cli import main
 from vit_deploy.cli import options as cli_options
 from vit_deploy.runtime.contract import PRECISIONS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # concept -> (the one spelling, other spellings that must never be options of ours)
 CONCEPTS = {
