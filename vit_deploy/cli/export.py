@@ -28,7 +28,7 @@ def hf_model_types() -> str:
 class FamiliesOption(click.Option):
     """An option whose help says {model_types} where the registry's list goes (hf_model_types),
     filled in as the help is shown, so that loading the command imports no torch
-    (tests/test_cli_lazy.py) and a new family is named without editing this file."""
+    (tests/cli/test_cli_lazy.py) and a new family is named without editing this file."""
 
     def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
         template = self.help or ""

@@ -5,7 +5,7 @@ codes (`VitDeployError.exit_code`).
 A command module imports click, cli.options and the torch-free runtime at import time and
 everything heavy (torch, FastAPI, matplotlib, ORT's quantiser) inside its function, so
 `vit-deploy --help` and `vit-deploy predict` import neither torch nor the server
-(tests/test_cli_lazy.py)."""
+(tests/cli/test_cli_lazy.py)."""
 
 from __future__ import annotations
 

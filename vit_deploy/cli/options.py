@@ -24,7 +24,7 @@ Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 # -- the vocabulary -------------------------------------------------------------------------
 # One spelling per concept, whatever the command (docs/command-line.md shows this table and
-# tests/test_cli_vocabulary.py holds every command to it).
+# tests/cli/test_cli_vocabulary.py holds every command to it).
 VOCABULARY = {  # concept -> the one spelling (what each means: docs/command-line.md)
     "provider": "--provider", "precision": "--precision", "resolution": "--res",
     "batch": "--batch", "threads": "--threads", "JSON": "--json", "quiet": "--quiet",
