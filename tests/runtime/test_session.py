@@ -146,7 +146,7 @@ def test_predict_with_labels_features_and_top_k(tmp_path, make_tiny):
 def test_missing_outputs_are_explained(tiny_bundle):
     _, result = tiny_bundle
     with ViTSession(result.path) as s:
-        with pytest.raises(BundleError, match="no 'pooled' output.*--features"):
+        with pytest.raises(BundleError, match="no 'pooled' output.*--outputs logits,pooled"):
             s.pooled(sample_inputs((8, 8), 1))
         with pytest.raises(BundleError, match="no 'patch_tokens' output.*--outputs"):
             s.features(np.zeros((20, 30, 3), np.uint8))

@@ -78,7 +78,9 @@ class FamiliesOption(click.Option):
               help="Classes of the head; 0: a backbone without one. Default 1000 (tiny: 10).")
 @click.option("--static", is_flag=True, help="Freeze --res into the graph (no Resize node).")
 @click.option("--no-simplify", is_flag=True, help="Skip onnxsim.")
-@click.option("--features", is_flag=True, help="Also output the pooled features ('pooled').")
+@click.option("--features", is_flag=True, hidden=True,
+              deprecated="use --outputs logits,pooled (predict's --features names a file)",
+              help="Also output the pooled features: --outputs logits,pooled.")
 @click.option("--outputs", "outputs", default=None, metavar="NAMES",
               help="Comma-separated outputs, in order: logits, pooled, patch_tokens "
                    "[batch, width, grid_h, grid_w], class_token, register_tokens. Default: "

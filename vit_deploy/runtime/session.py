@@ -135,9 +135,10 @@ class ViTSession:
         return outs[LOGITS_NAME] if LOGITS_NAME in outs else outs[self.output_names[0]]
 
     def pooled(self, pixel_values: np.ndarray) -> np.ndarray:
-        """Pooled features (B, width): the `pooled` output (export with --features, or a
+        """Pooled features (B, width): the `pooled` output (export with --outputs
+        logits,pooled, or a
         backbone's default)."""
-        return self.run_all(pixel_values)[self._require_output(FEATURES_NAME, "--features")]
+        return self.run_all(pixel_values)[self._require_output(FEATURES_NAME, "--outputs logits,pooled")]
 
     def features(self, images: ImageInput | Sequence[ImageInput], *,
                  output: str = PATCH_TOKENS_NAME, preprocess: Preprocess | None = None
