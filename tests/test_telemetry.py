@@ -105,3 +105,22 @@ def test_the_documented_opt_in_lets_onnx_runtime_collect(tmp_path, bundle):
     left, _ = _run(tmp_path, [sys.executable, "-c", LIBRARY.format(b=str(bundle), p=str(PHOTO))],
                    **{ORT_TELEMETRY_OPT_IN: "1"})
     assert "onnxruntime.db" in left
+
+
+@pytest.mark.parametrize("address, before, after", [("local", None, "0"), ("local", "1", "1"),
+                                                     ("auto", None, None)])
+def test_a_ray_cluster_we_start_reports_no_usage(monkeypatch, address, before, after):
+    """`--ray local` starts a head node: Ray's usage statistics off unless the user set them
+    on; a cluster we join keeps its own setting."""
+    from vit_deploy.ray import cluster
+
+    seen = {}
+    monkeypatch.delenv(cluster.RAY_USAGE_STATS, raising=False)
+    if before is not None:
+        monkeypatch.setenv(cluster.RAY_USAGE_STATS, before)
+    monkeypatch.setattr(cluster.ray, "init", lambda **kw: seen.setdefault(
+        "env", os.environ.get(cluster.RAY_USAGE_STATS)))
+    monkeypatch.setattr(cluster.ray, "shutdown", lambda: None)
+    with cluster.connected(address):
+        pass
+    assert seen["env"] == after

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import socket
 import threading
@@ -16,6 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import ray
+
+# Ray reports usage statistics from a head node it starts unless this is "0"; for clusters
+# `--ray local` starts we set it (a user's own setting, "1", is kept: the opt-in). A cluster
+# we join (auto, an address) keeps its own setting (docs/guarantees.md).
+RAY_USAGE_STATS = "RAY_USAGE_STATS_ENABLED"
 
 
 def check_address(address: str) -> str:
@@ -37,6 +43,8 @@ def connected(address: str) -> Iterator[None]:
     if address not in ("auto", "local"):
         reachable(address)
     local = {"include_dashboard": False} if address == "local" else {}
+    if address == "local":  # a cluster we start: Ray's usage reporting off unless asked for
+        os.environ.setdefault(RAY_USAGE_STATS, "0")
     try:
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False, **local)
     except ConnectionError as e:
