@@ -52,8 +52,8 @@ test: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP)
 dist: $(STAMP) $(WEB_STAMP)
 	$(BIN)/python -m build --no-isolation --outdir dist .
 
-## test-fast: the edit loop (80 s of pytest on 2 cores, docs/development.md): everything but the heavy files
-## (servers, browsers, emulators, fresh venvs, kills, many exports; tests/conftest.py)
+## test-fast: the edit loop (measured times in docs/development.md): everything but the heavy files
+## and tests (servers, browsers, emulators, fresh venvs, kills, many exports; tests/conftest.py)
 ## and full-size exports; run make test before you push
 test-fast: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not slow and not heavy"

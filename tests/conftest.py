@@ -164,13 +164,32 @@ def quantised_bundle(tmp_path_factory):
 # @pytest.mark.heavy.
 HEAVY_FILES = {
     "test_reliability.py", "test_readme.py", "test_bundle.py", "test_web.py",
-    "test_web_package.py", "test_dense.py", "test_onnx.py", "test_checkpoints.py",
-    "test_families.py", "test_hub.py", "test_targets.py", "test_benchmarks.py", "test_sweep.py",
+    "test_web_package.py", "test_dense.py", "test_onnx.py", "test_targets.py",
+    "test_benchmarks.py", "test_sweep.py",
     "test_ownership.py", "test_tome.py", "test_flexivit.py", "test_tensorrt.py", "test_fuzz.py",
-    "test_server_hostile.py", "test_server.py", "test_telemetry.py", "test_tour.py",
-    "test_server_v2.py", "test_triton.py",
+    "test_telemetry.py", "test_tour.py", "test_triton.py",
     "test_digits.py", "test_install.py", "test_recovery.py", "test_bench.py",
-    "test_references.py", "test_arm64.py",
+    "test_references.py", "test_arm64.py", "test_fusions.py", "test_openvino.py",
+}
+# In the packages' files, the slow tests only (2026-12-02: each over 2 s with its setup), so
+# make test-fast runs the quick tests of every package (checkpoints, families, the hub
+# cache, serve, v2, hostile clients) and leaves these to make test.
+HEAVY_TESTS = {
+    "test_checkpoints.py": {"test_hf_checkpoint_matches_transformers_in_torch_and_onnx"},
+    "test_families.py": {"test_tower_matches_transformers_in_torch_and_onnx",
+                         "test_int8_bundle_keeps_the_embedding"},
+    "test_hub.py": {"test_hf_name_exports_with_its_preprocessing_labels_and_commit",
+                    "test_timm_name_exports_with_pretrained_cfg_and_label_names"},
+    "test_server_hostile.py": {
+        "test_slow_bodies_never_keep_fast_requests_out",
+        "test_half_open_connections_are_bounded_and_closed_after_the_header_timeout",
+        "test_a_huge_declared_body_is_refused_before_it_is_read",
+        "test_a_trickle_is_cut_by_the_minimum_rate_and_a_steady_slow_body_is_not",
+        "test_at_the_connection_limit_the_slowest_body_makes_way",
+        "test_a_slow_body_is_answered_408_and_closed",
+        "test_bytes_held_are_what_arrived_not_what_was_declared",
+        "test_sigterm_during_slow_uploads_shuts_down_without_tracebacks",
+        "test_a_low_descriptor_limit_is_not_exhausted_and_logs_stay_small"},
 }
 
 
@@ -194,7 +213,8 @@ LONGEST_FIRST = ["test_tour.py",  # the README's tour, every line in order (tiny
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.path.name in HEAVY_FILES:
+        if (item.path.name in HEAVY_FILES
+                or item.originalname in HEAVY_TESTS.get(item.path.name, ())):
             item.add_marker(pytest.mark.heavy)
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable within a file

@@ -237,3 +237,16 @@ def test_every_hugging_face_family_is_registered_once():
     assert len(types) == len(set(types)) and set(types) == HF_TYPES | TOWER_TYPES
     modules = {p.stem for p in (PACKAGE / "export" / "checkpoints").glob("*.py")}
     assert {f.loader.__module__.rsplit(".", 1)[1] for f in FAMILIES} <= modules
+
+
+def test_every_test_named_heavy_in_conftest_exists():
+    """tests/conftest.py's HEAVY_TESTS names functions by hand: a renamed test would drop
+    out of the list silently and slow make test-fast down."""
+    import conftest
+
+    tests_dir = Path(__file__).resolve().parent
+    for file, names in conftest.HEAVY_TESTS.items():
+        [path] = list(tests_dir.rglob(file))
+        text = path.read_text(encoding="utf-8")
+        for name in names:
+            assert f"def {name}(" in text, (file, name)
