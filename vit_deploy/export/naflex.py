@@ -24,11 +24,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from vit_deploy.export.model import ViT
-from vit_deploy.export.onnx import (ExportError, _quiet, linear_nodes_from_scopes, set_metadata,
-                                    validate_onnx)
+from vit_deploy.export.onnx import ExportError, _quiet, finalize, validate_onnx
 from vit_deploy.export.pos_embed import LearnedPosEmbed
-from vit_deploy.runtime.contract import (IR_VERSION, METADATA_CONFIG_KEY, METADATA_LINEARS_KEY,
-                                         OPSET, PRODUCER)
+from vit_deploy.runtime.contract import OPSET
 from vit_deploy.runtime.files import write_bytes_atomic
 from vit_deploy.runtime.naflex import (BATCH_DIM, METADATA_NAFLEX_KEY, NAFLEX_INPUTS,
                                        NAFLEX_OUTPUTS, PATCHES_DIM)
@@ -165,18 +163,10 @@ def export_naflex_onnx(model: ViT, dst: str | Path, *, opset: int = OPSET) -> Pa
 
 
 def _finalize(proto: onnx.ModelProto, *, config_json: str) -> None:
-    """Name the dynamic dims (batch, num_patches), pin the IR version, store the config,
-    the linear layers' node names and the NaFlex marker in the metadata."""
+    """The common finish (onnx.finalize) with NaFlex's dims (batch, num_patches) and its
+    marker in the metadata."""
     dims = proto.graph.input[0].type.tensor_type.shape.dim  # pixel_values (B, N, P*P*C)
-    renames = {dims[0].dim_param: BATCH_DIM, dims[1].dim_param: PATCHES_DIM}
-    renames.pop("", None)
-    for value in [*proto.graph.input, *proto.graph.output, *proto.graph.value_info]:
-        for dim in value.type.tensor_type.shape.dim:
-            if dim.dim_param in renames:
-                dim.dim_param = renames[dim.dim_param]
-    proto.ir_version = IR_VERSION
-    proto.producer_name = PRODUCER
-    set_metadata(proto, {METADATA_CONFIG_KEY: config_json,
-                         METADATA_LINEARS_KEY: json.dumps(linear_nodes_from_scopes(proto)),
-                         METADATA_NAFLEX_KEY: json.dumps({"inputs": list(NAFLEX_INPUTS),
-                                                          "outputs": list(NAFLEX_OUTPUTS)})})
+    finalize(proto, config_json=config_json,
+             renames={dims[0].dim_param: BATCH_DIM, dims[1].dim_param: PATCHES_DIM},
+             metadata={METADATA_NAFLEX_KEY: json.dumps({"inputs": list(NAFLEX_INPUTS),
+                                                        "outputs": list(NAFLEX_OUTPUTS)})})

@@ -90,15 +90,16 @@ def trace(module: torch.nn.Module, example: torch.Tensor, *, output_names: list[
     return program.model_proto
 
 
-def finalize(proto: onnx.ModelProto, *, config_json: str) -> None:
-    """Name the dynamic dims, pin the IR version, and store the config in the metadata."""
-    inp = proto.graph.input[0].type.tensor_type.shape.dim
-    renames = {inp[0].dim_param: BATCH_DIM}
-    if inp[2].dim_param:
-        renames[inp[2].dim_param] = HEIGHT_DIM
-    if inp[3].dim_param:
-        renames[inp[3].dim_param] = WIDTH_DIM
-    renames.pop("", None)
+def finalize(proto: onnx.ModelProto, *, config_json: str, renames: dict[str, str] | None = None,
+             metadata: dict[str, str] | None = None) -> None:
+    """Name the dynamic dims, pin the IR version, and store the config (and the linear
+    layers' node names, and `metadata`) in the metadata. `renames`: the exporter's dim
+    names -> ours (default: an image input's batch, height and width)."""
+    if renames is None:
+        inp = proto.graph.input[0].type.tensor_type.shape.dim
+        renames = {inp[0].dim_param: BATCH_DIM, inp[2].dim_param: HEIGHT_DIM,
+                   inp[3].dim_param: WIDTH_DIM}
+    renames = {k: v for k, v in renames.items() if k}
     for value in [*proto.graph.input, *proto.graph.output, *proto.graph.value_info]:
         for dim in value.type.tensor_type.shape.dim:
             if dim.dim_param in renames:
@@ -106,7 +107,8 @@ def finalize(proto: onnx.ModelProto, *, config_json: str) -> None:
     proto.ir_version = IR_VERSION
     proto.producer_name = PRODUCER
     set_metadata(proto, {METADATA_CONFIG_KEY: config_json,
-                         METADATA_LINEARS_KEY: json.dumps(linear_nodes_from_scopes(proto))})
+                         METADATA_LINEARS_KEY: json.dumps(linear_nodes_from_scopes(proto)),
+                         **(metadata or {})})
 
 
 def _name_grid_dims(proto: onnx.ModelProto) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from vit_deploy.runtime.files import umask
+from vit_deploy.runtime.files import write_atomic
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif",
                             ".tiff", ".ppm", ".pgm"})
@@ -100,20 +99,7 @@ def parts_dir(out: Path) -> Path:
 
 def write_table_atomic(table: pa.Table, path: Path) -> Path:
     """`table` as Parquet at `path`, through a temporary sibling renamed into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~umask())  # mkstemp makes 0600; outputs are ordinary files
-        with os.fdopen(fd, "wb") as f:
-            pq.write_table(table, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return path
+    return write_atomic(path, lambda f: pq.write_table(table, f))
 
 
 def remove_partial(folder: Path) -> None:

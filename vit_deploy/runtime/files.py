@@ -10,7 +10,9 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -48,6 +50,12 @@ def exchange(a: Path, b: Path) -> bool:
 
 def write_bytes_atomic(dst: str | os.PathLike, data: bytes) -> Path:
     """Write a file through a temporary sibling and rename it into place."""
+    return write_atomic(dst, lambda f: f.write(data))
+
+
+def write_atomic(dst: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
+    """`write(f)` into a temporary sibling of `dst`, synced, then renamed into place: a
+    reader sees the old file or the whole new one, never part of it."""
     dst = Path(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.tmp-", dir=dst.parent)
@@ -55,7 +63,7 @@ def write_bytes_atomic(dst: str | os.PathLike, data: bytes) -> Path:
         if hasattr(os, "fchmod"):  # POSIX (Windows has it from Python 3.13, as a read-only bit)
             os.fchmod(fd, 0o666 & ~umask())  # mkstemp makes 0600; artifacts are ordinary files
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, dst)
