@@ -110,20 +110,12 @@ def images(tmp_path_factory) -> tuple[list[np.ndarray | Path], list[dict]]:
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> Path:
     """A tiny random Siglip2VisionModel (tests/export/test_naflex.py's) through export_naflex."""
-    torch = pytest.importorskip("torch")
-    T = pytest.importorskip("transformers")
+    from siglip2_tiny import tiny_siglip2
+
     from vit_deploy.export.checkpoints import CheckpointWarning
     from vit_deploy.export.naflex_bundle import export_naflex
 
-    torch.manual_seed(0)
-    hf = T.Siglip2VisionModel(T.Siglip2VisionConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        patch_size=16, num_patches=256)).eval()
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
-    directory = tmp_path_factory.mktemp("hf") / "siglip2"
-    hf.save_pretrained(directory)
+    _, directory = tiny_siglip2(tmp_path_factory.mktemp("hf") / "siglip2")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CheckpointWarning)
         return export_naflex(directory, tmp_path_factory.mktemp("naflex") / "out").path

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 import transformers as T
+from siglip2_tiny import tiny_siglip2
 from vit_deploy.export.checkpoints import CheckpointWarning, load_any
 from vit_deploy.export.naflex import NaFlexViT, naflex_pos_weights
 from vit_deploy.export.naflex_bundle import PARITY_CASES, export_naflex
@@ -36,15 +37,7 @@ MIXED = [(64, (0, 10, 20)), (128, (1, 5, 12, 19)), (256, tuple(range(0, 21, 3)))
 @pytest.fixture(scope="module")
 def tower(tmp_path_factory):
     """(transformers model, our NaFlexViT, our ViT), the same random weights."""
-    torch.manual_seed(0)
-    hf = T.Siglip2VisionModel(T.Siglip2VisionConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        patch_size=16, num_patches=256)).eval()
-    with torch.no_grad():  # moved off the init, so nothing matches by accident
-        for p in hf.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
-    directory = tmp_path_factory.mktemp("hf") / "siglip2"
-    hf.save_pretrained(directory)
+    hf, directory = tiny_siglip2(tmp_path_factory.mktemp("hf") / "siglip2")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CheckpointWarning)
         ours, fmt = load_any(directory)

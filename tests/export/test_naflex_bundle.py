@@ -9,16 +9,15 @@ save_pretrained and exported once per module, with a budget of 64 patches."""
 
 import json
 import shutil
-import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from click.testing import CliRunner
 from PIL import Image
 
 import transformers as T
+from siglip2_tiny import tiny_siglip2
 from vit_deploy.cli import main
 from vit_deploy.runtime import NaFlexSession, ViTSession, load_manifest, open_session
 from vit_deploy.runtime.manifest import Manifest
@@ -31,18 +30,7 @@ BUDGET = 64
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    torch.manual_seed(0)
-    hf = T.Siglip2VisionModel(T.Siglip2VisionConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        patch_size=16, num_patches=256)).eval()
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
-    directory = tmp_path_factory.mktemp("hf") / "siglip2"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        hf.save_pretrained(directory)
-    return directory
+    return tiny_siglip2(tmp_path_factory.mktemp("hf") / "siglip2")[1]
 
 
 @pytest.fixture(scope="module")
