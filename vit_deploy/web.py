@@ -4,7 +4,8 @@ preview server that sends what multi-threaded WebAssembly needs.
 `write_site(bundle, out)` writes, atomically (`atomic.atomic_directory`):
 
     SITE/
-      index.html          the demo page: pick or drop an image, top-k, latency, backend
+      index.html          the demo page: pick or drop an image, top-k, latency, backend (a
+                          SigLIP 2 NaFlex bundle: the image's patch grid and pooled vector)
       vit-deploy.mjs      the runtime's entry (web/src/vit-deploy.mjs): load, classify, run
       browser.mjs         the browser's own entry (the same API, nothing of Node's): the
                           page imports it by the package's name, 'vit-deploy' (import map)
@@ -178,7 +179,6 @@ def write_site(bundle: str | Path, out: str | Path, *, precisions: Sequence[str]
     """Write the static site for `bundle` (the first precision is the page's default)."""
     bundle = Path(bundle)
     manifest = load_manifest(bundle)  # verified: every file's size and sha256
-    manifest.require_nchw("vit-deploy web")
     precisions = tuple(dict.fromkeys(precisions))
     if not precisions:
         raise ValueError("expected at least one precision, got none")
@@ -202,7 +202,9 @@ def write_site(bundle: str | Path, out: str | Path, *, precisions: Sequence[str]
               "threads": threads, "onnxruntime_web": version,
               "external_data": {p: _relative_to_model(manifest.model_file(p), files[1:])
                                 for p, files in models.items()},
-              "model_bytes": sizes}
+              "model_bytes": sizes,
+              # the page runs a NaFlex bundle through NaFlex (lib/naflex.mjs): grid and pooled
+              **({"naflex": True} if manifest.naflex else {})}
     with atomic_directory(out, force=force, source=bundle) as tmp:
         shutil.copy2(sources.page, tmp / PAGE)
         (tmp / LIB_DIR).mkdir()

@@ -160,7 +160,6 @@ def test_naflex_needs_a_siglip2_checkpoint(tmp_path):
 @pytest.mark.parametrize("argv", [
     ["target", "{b}", "--target", "cpu", "--buckets", "224"],
     ["triton", "{b}", "--out", "{tmp}/repo"],
-    ["web", "{b}", "--out", "{tmp}/site"],
     ["bench", "{b}"],
     ["serve", "{b}", "--port", "0"],
     ["embed", "{b}", "{image}", "--out", "{tmp}/f.parquet"],

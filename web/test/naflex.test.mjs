@@ -61,3 +61,16 @@ test('bad options and inputs are refused, saying what was expected and what was 
 });
 
 function show(v) { return JSON.stringify(v).replace(/[[\]]/g, '\\$&'); }
+
+test("a NaFlex bundle's manifest gives the preprocessing; others are refused by name", async () => {
+  const { naflexManifest } = await import('../src/lib/naflex.mjs');
+  const m = { config: { name: 'hf-siglip2' }, io: { patch_size: 16 }, models: { fp32: 'model.onnx', int8: 'model.int8.onnx' },
+    preprocess: { resize: 'naflex', mean: [0.5, 0.5, 0.5], std: [0.5, 0.5, 0.5], scale: 1 / 255, max_num_patches: 64 } };
+  assert.deepEqual(naflexManifest(m), { patchSize: 16, maxNumPatches: 64, mean: [0.5, 0.5, 0.5], std: [0.5, 0.5, 0.5],
+    scale: 1 / 255, models: { fp32: 'model.onnx', int8: 'model.int8.onnx' }, name: 'hf-siglip2' });
+  assert.throws(() => naflexManifest({ ...m, preprocess: { ...m.preprocess, resize: 'squash' } }, 'manifest m.json'),
+    { name: 'BundleError', message: 'manifest m.json: not a NaFlex bundle (preprocess.resize is "squash", expected "naflex"); load it with ViT.load' });
+  assert.throws(() => naflexManifest({ ...m, preprocess: { ...m.preprocess, max_num_patches: 0 } }),
+    { name: 'BundleError', message: /maxNumPatches must be an integer from 1 to 65536, got 0/ });
+  assert.throws(() => naflexManifest({ ...m, models: { fp32: 3 } }), { name: 'BundleError', message: /models must map precisions to files/ });
+});

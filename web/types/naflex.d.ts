@@ -43,7 +43,11 @@ export declare class NaFlexPreprocess {
 }
 
 export interface NaFlexLoadOptions {
+  /** A bundle's model to load ('fp32', 'int8', ...); default 'fp32'. */
+  precision?: string;
+  /** Default: the bundle manifest's max_num_patches, else 256. */
   maxNumPatches?: number;
+  /** Default: the bundle manifest's, else SigLIP 2's 0.5. */
   mean?: number[];
   std?: number[];
   /** An integer from 1 to 256; default: ONNX Runtime's. */
@@ -61,8 +65,28 @@ export interface NaFlexFeatures {
   ms: { decode: number; preprocess: number; run: number };
 }
 
+/** What NaFlex.load read of a NaFlex bundle's manifest.json (preprocess resize "naflex"). */
+export interface NaFlexManifest {
+  name: string | null;
+  patchSize: number;
+  maxNumPatches: number;
+  mean: number[];
+  std: number[];
+  scale: number;
+  /** precision -> model file, as in the manifest. */
+  models: Record<string, string>;
+  /** The precision loaded. */
+  precision: string;
+  /** What `vit-deploy web --threads` recorded (web.json), or null. */
+  threads: number | null;
+}
+
 export interface NaFlexMethods<I> {
   readonly preprocess: NaFlexPreprocess;
+  /** The bundle's manifest when loaded from a bundle folder; null for a bare model.onnx. */
+  readonly manifest: NaFlexManifest | null;
+  /** The bundle's precision loaded; null for a bare model.onnx. */
+  readonly precision: string | null;
   readonly url: string;
   readonly info: { backend: string; provider: string; threads: number | null };
   run(batch: NaFlexBatch): Promise<{ pooled: { data: Float32Array; dims: number[] };

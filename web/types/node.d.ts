@@ -26,7 +26,8 @@ export declare function decodeImage(image: ImageInput): Promise<Pixels>;
 /** A SigLIP 2 NaFlex model.onnx (export_naflex) loaded for inference. */
 export interface NaFlex extends NaFlexMethods<ImageInput> {}
 export declare class NaFlex {
-  /** Load `model`: a model.onnx, or a folder holding one (a path or URL). */
+  /** Load `model` (a path or URL): a NaFlex bundle's folder (its manifest.json; a site's
+   * bundle/ too), a model.onnx, or a folder holding one. */
   static load(model: string | URL, options?: NaFlexLoadOptions): Promise<NaFlex>;
 }
 /** Load, features(images), release. */

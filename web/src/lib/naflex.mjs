@@ -11,7 +11,7 @@
 // Shapes in comments: B batch, N maxNumPatches, P patch, C channels (3), D width.
 import { BundleError, checkThreads, isInt, show } from './common.mjs';
 import { decodeImage } from './decode.mjs';
-import { checkNormalization } from './manifest.mjs';
+import { bundleFile, checkNormalization } from './manifest.mjs';
 import { toRGB } from './preprocess.mjs';
 import { resize } from './resample.mjs';
 
@@ -27,6 +27,8 @@ export const MAX_NUM_PATCHES = 256; // Siglip2ImageProcessor's default
 export const PATCH_BUDGET_LIMIT = 65_536; // of maxNumPatches: 200 MB of float32 per image at patch 16
 const MAX_PATCH = 1024;
 const SEARCH_EPS = 1e-5; // transformers' get_image_size_for_max_num_patches: binary-search step
+const MANIFEST = 'manifest.json';
+const WEB_RECORD = 'web.json'; // `vit-deploy web`'s record beside a site's manifest
 
 /**
  * [H, W] a height x width image is resized to: transformers'
@@ -141,19 +143,76 @@ export class NaFlexPreprocess {
   }
 }
 
-// A model given as a path or URL: an .onnx file, or a folder holding model.onnx (as
-// Python's NaFlexSession).
-function modelURL(model, platform) {
-  if (model instanceof URL) return model.pathname.endsWith('.onnx') ? model : new URL('model.onnx', `${model.href.replace(/\/$/, '')}/`);
+// A model given as a path or URL: { file } for an .onnx file, { dir } for a folder (a
+// bundle with its manifest.json, a site's bundle/, or a folder holding model.onnx).
+function modelLocation(model, platform) {
+  if (model instanceof URL) return model.pathname.endsWith('.onnx') ? { file: model } : { dir: new URL(`${model.href.replace(/\/$/, '')}/`) };
   const text = String(model);
   const url = /^[a-z][a-z0-9+.-]*:/i.test(text) && !/^[a-z]:[\\/]/i.test(text);
   if (!text.endsWith('.onnx')) {
     const dir = text.endsWith('/') ? text : `${text}/`;
-    return new URL('model.onnx', url ? new URL(dir) : platform.baseURL(dir));
+    return { dir: url ? new URL(dir) : platform.baseURL(dir) };
   }
-  if (url) return new URL(text);
+  if (url) return { file: new URL(text) };
   const cut = Math.max(text.lastIndexOf('/'), text.lastIndexOf('\\')) + 1;
-  return new URL(encodeURIComponent(text.slice(cut)), platform.baseURL(text.slice(0, cut) || '.'));
+  return { file: new URL(encodeURIComponent(text.slice(cut)), platform.baseURL(text.slice(0, cut) || '.')) };
+}
+
+async function readJSON(platform, url, what, { optional = false } = {}) {
+  const text = await platform.readText(url, what, { optional });
+  if (text === null) return null;
+  try {
+    return JSON.parse(text);
+  } catch (e) {
+    throw new BundleError(`${what} ${url.href} is not valid JSON: ${e.message}`);
+  }
+}
+
+/**
+ * What NaFlex reads of a NaFlex bundle's manifest (runtime/manifest.py, preprocess resize
+ * "naflex"): { patchSize, maxNumPatches, mean, std, scale, models, name }.
+ */
+export function naflexManifest(m, where = 'manifest') {
+  const pre = m?.preprocess ?? {};
+  if (pre.resize !== 'naflex') {
+    throw new BundleError(`${where}: not a NaFlex bundle (preprocess.resize is ${show(pre.resize)}, ` +
+      `expected "naflex"); load it with ViT.load`);
+  }
+  const models = m.models ?? {};
+  if (typeof models !== 'object' || Array.isArray(models) || !Object.values(models).every((f) => typeof f === 'string')) {
+    throw new BundleError(`${where}: models must map precisions to files, got ${show(models)}`);
+  }
+  const fields = { patchSize: m.io?.patch_size, maxNumPatches: pre.max_num_patches, mean: pre.mean,
+    std: pre.std, scale: pre.scale ?? 1 / 255 };
+  try {
+    new NaFlexPreprocess(fields); // the same bounds as options
+  } catch (e) {
+    throw new BundleError(`${where}: ${e.message}`);
+  }
+  return { ...fields, models: { ...models }, name: m.config?.name ?? null };
+}
+
+// { url, external, manifest } of the model to load: an .onnx file as given; a folder's
+// manifest.json (its `precision` model, web.json's external data) when it has one, else its
+// model.onnx (as Python's NaFlexSession).
+async function locate(model, platform, precision) {
+  const { file, dir } = modelLocation(model, platform);
+  if (file) return { url: file, external: [], manifest: null };
+  const where = new URL(MANIFEST, dir);
+  const m = await readJSON(platform, where, 'manifest', { optional: true });
+  if (m === null) return { url: new URL('model.onnx', dir), external: [], manifest: null };
+  const manifest = naflexManifest(m, `manifest ${where.href}`);
+  const name = Object.hasOwn(manifest.models, precision) ? manifest.models[precision] : null;
+  if (name === null) {
+    throw new BundleError(`bundle has no ${show(precision)} model; it has ${show(Object.keys(manifest.models).sort())}`);
+  }
+  const web = await readJSON(platform, new URL(WEB_RECORD, dir), 'web record', { optional: true }) ?? {};
+  const external = await Promise.all((web.external_data?.[precision] ?? []).map(async (f) => {
+    await bundleFile(dir, f, 'external data', platform.insideBundle);
+    return f;
+  }));
+  const url = await bundleFile(dir, name, `models[${show(precision)}]`, platform.insideBundle);
+  return { url, external, manifest: { ...manifest, precision, threads: web.threads ?? null } };
 }
 
 /** A NaFlex graph loaded for inference; `NaFlex.load(model)` makes one. */
@@ -164,22 +223,26 @@ export class NaFlex {
   constructor(fields) { Object.assign(this, fields); }
 
   /**
-   * Load a NaFlex model.onnx (a path or URL of the file, or of a folder holding it).
-   * options: maxNumPatches (each image's patch budget, 256), mean and std (SigLIP 2's 0.5;
-   * the graph's metadata holds the export's, which this module does not read), threads,
-   * backend ('auto' | 'webgpu' | 'wasm'; Node: 'cpu'), ortBase (browser: URL of the
-   * onnxruntime-web files). The patch size is read from the graph's pixel_values input.
+   * Load a NaFlex model: a path or URL of a NaFlex bundle (its manifest.json: mean, std,
+   * scale, patch size and max_num_patches from it; a site's bundle/ too), of a model.onnx,
+   * or of a folder holding one. options: precision (a bundle's model, 'fp32'),
+   * maxNumPatches (each image's patch budget: the manifest's, else 256), mean and std (the
+   * manifest's, else SigLIP 2's 0.5), threads, backend ('auto' | 'webgpu' | 'wasm'; Node:
+   * 'cpu'), ortBase (browser: URL of the onnxruntime-web files). The patch size is read from
+   * the graph's pixel_values input (and must be the manifest's).
    */
   static async load(model, options = {}) {
     const { platform } = this;
     if (!platform) throw new Error('NaFlex has no platform: import it from vit-deploy.mjs, node.mjs or browser.mjs');
-    const { maxNumPatches = MAX_NUM_PATCHES, mean, std, backend = 'auto' } = options;
-    const threads = checkThreads(options.threads ?? null);
-    new NaFlexPreprocess({ maxNumPatches, ...(mean && { mean }), ...(std && { std }) }); // checked before reading
-    const url = modelURL(model, platform);
+    const { precision = 'fp32', backend = 'auto' } = options;
+    const given = Object.fromEntries(['maxNumPatches', 'mean', 'std'].filter((k) => options[k] !== undefined)
+      .map((k) => [k, options[k]]));
+    new NaFlexPreprocess(given); // checked before reading
+    const { url, external, manifest } = await locate(model, platform, precision);
+    const threads = checkThreads(options.threads ?? manifest?.threads ?? null);
     const ortBase = options.ortBase ? new URL(options.ortBase, globalThis.location?.href) : new URL('../ort/', import.meta.url);
     const { ort, backend: chosen } = await platform.loadOrt(backend, ortBase);
-    const inputs = await platform.sessionInputs({ ort, backend: chosen, threads, modelURL: url, external: [], base: new URL('./', url) });
+    const inputs = await platform.sessionInputs({ ort, backend: chosen, threads, modelURL: url, external, base: new URL('./', url) });
     const sessionOptions = { graphOptimizationLevel: 'all', ...inputs.options };
     let session;
     let provider = chosen;
@@ -192,14 +255,18 @@ export class NaFlex {
     }
     const names = [[...session.inputNames], [...session.outputNames]];
     const patchSize = patchSizeOf(session);
-    if (JSON.stringify(names) !== JSON.stringify([NAFLEX_INPUTS, NAFLEX_OUTPUTS]) || patchSize === null) {
+    if (JSON.stringify(names) !== JSON.stringify([NAFLEX_INPUTS, NAFLEX_OUTPUTS]) || patchSize === null ||
+      (manifest && patchSize !== manifest.patchSize)) {
       await session.release?.();
       throw new BundleError(`${url.href} is not a NaFlex graph: expected inputs ${show(NAFLEX_INPUTS)}, ` +
-        `outputs ${show(NAFLEX_OUTPUTS)} and ${PIXEL_VALUES} ending in 3 x patch x patch; got inputs ` +
-        `${show(names[0])}, outputs ${show(names[1])} (export it with export_naflex)`);
+        `outputs ${show(NAFLEX_OUTPUTS)} and ${PIXEL_VALUES} ending in 3 x patch x patch` +
+        `${manifest ? ` (patch ${manifest.patchSize}, the manifest's)` : ''}; got inputs ` +
+        `${show(names[0])}, outputs ${show(names[1])}, patch ${show(patchSize)} (export it with export_naflex)`);
     }
-    const preprocess = new NaFlexPreprocess({ patchSize, maxNumPatches, ...(mean && { mean }), ...(std && { std }) });
-    return new this({ ort, session, preprocess, url: url.href, info: { backend: platform.runtime, provider, threads } });
+    const fields = manifest ? { maxNumPatches: manifest.maxNumPatches, mean: manifest.mean, std: manifest.std, scale: manifest.scale } : {};
+    const preprocess = new NaFlexPreprocess({ ...fields, ...given, patchSize });
+    return new this({ ort, session, preprocess, manifest, precision: manifest ? precision : null, url: url.href,
+      info: { backend: platform.runtime, provider, threads } });
   }
 
   /** The session, or an Error once release() has freed it. */
