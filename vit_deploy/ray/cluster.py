@@ -123,10 +123,15 @@ def serve_on_cluster(bundle: Path, options: Any, *, address: str, host: str, por
     path, options = resolved(bundle, options)  # a bad bundle: refused before joining
     port = port or free_port(host)
     with connected(address), _sigterm_stops():  # after ray.init: it installs its own
-        serve.start(http_options={"host": host, "port": port})
-        host, port = _proxy_address(host, port)
-        serve.run(app(path, options), name=options.model_name, route_prefix="/",
-                  blocking=False)
+        try:
+            serve.start(http_options={"host": host, "port": port})
+            host, port = _proxy_address(host, port)
+            serve.run(app(path, options), name=options.model_name, route_prefix="/",
+                      blocking=False)
+        except (ray.exceptions.RayError, TimeoutError) as e:  # e.g. the proxy not up in 60 s
+            why = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            raise ConnectionError(f"Ray Serve did not start on the cluster at {address!r}: "
+                                  f"{why[:300]}") from None
         on_ready(f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}")
         try:
             threading.Event().wait()
