@@ -17,7 +17,6 @@ images and mixed-aspect batches: pooled and patch tokens within 1e-5 relative.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import time
 import warnings
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from web_node import node as _node
 from PIL import Image
 
 from vit_deploy.runtime.naflex import NaFlexPreprocess
@@ -74,15 +74,6 @@ const refused = await web.NaFlex.load(job.notNaflex).then(() => null, (e) => `${
 console.log(JSON.stringify({ timing, patchSize: naflex.preprocess.patchSize, info: naflex.info, refused }));
 await naflex.release();
 """
-
-
-def _node() -> str:
-    node = shutil.which("node")
-    if node is None:
-        pytest.fail("node is not on PATH: the web tests need Node.js >= 20 (make setup)")
-    if not (WEB / "node_modules" / "onnxruntime-node").is_dir():
-        pytest.fail(f"{WEB / 'node_modules'} lacks onnxruntime-node: run `make setup` (npm ci)")
-    return node
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from web_node import node as _node
 
 ROOT = Path(__file__).resolve().parent.parent
 WEB = ROOT / "web"
@@ -210,15 +211,6 @@ def fixtures(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("web")
     make_fixtures(out)
     return out
-
-
-def _node() -> str:
-    node = shutil.which("node")
-    if node is None:
-        pytest.fail("node is not on PATH: the web tests need Node.js >= 18 (make setup)")
-    if not (WEB / "node_modules" / "onnxruntime-node").is_dir():
-        pytest.fail(f"{WEB / 'node_modules'} lacks onnxruntime-node: run `make setup` (npm ci)")
-    return node
 
 
 # -- Node --------------------------------------------------------------------------------

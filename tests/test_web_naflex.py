@@ -12,13 +12,13 @@ precisions. In headless Chromium (as tests/test_web.py), the page itself, served
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
+from web_node import node as _node
 from click.testing import CliRunner
 from PIL import Image
 
@@ -90,15 +90,6 @@ try {
   fs.rmSync(profile, { recursive: true, force: true });
 }
 """
-
-
-def _node() -> str:
-    node = shutil.which("node")
-    if node is None:
-        pytest.fail("node is not on PATH: the web tests need Node.js >= 20 (make setup)")
-    if not (WEB / "node_modules" / "onnxruntime-node").is_dir():
-        pytest.fail(f"{WEB / 'node_modules'} lacks onnxruntime-node: run `make setup` (npm ci)")
-    return node
 
 
 @pytest.fixture(scope="module")
