@@ -425,3 +425,25 @@ def test_sweep_takes_a_patch_that_tiles_the_checkpoint_but_not_224(checkpoint_64
                                                                runs=1))
     (point,) = report.points
     assert report.resolution == (64, 64) and (point.patch, point.tokens) == (64, 1)
+
+
+def test_serve_write_config_never_lands_on_the_bundle_or_a_users_file(tiny_bundle, tmp_path):
+    """--write-config FILE: a file inside the bundle it reads, or any existing file it did not
+    write, is refused (exit 2) and left as it was; its own earlier config is replaced."""
+    from click.testing import CliRunner
+
+    from vit_deploy.cli import main
+
+    bundle = tiny_bundle[1].path
+    model = bundle / "model.onnx"
+    before = model.read_bytes()
+    notes = tmp_path / "notes.yaml"
+    notes.write_text("mine\n")
+    for target, says in [(model, "inside the bundle"), (notes, "was not written by")]:
+        r = CliRunner().invoke(main, ["serve", str(bundle), "--write-config", str(target), "-q"])
+        assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output, r.output
+    assert model.read_bytes() == before and notes.read_text() == "mine\n"
+    ours = tmp_path / "serve.yaml"
+    for _ in range(2):  # written, then replaced: it is ours
+        r = CliRunner().invoke(main, ["serve", str(bundle), "--write-config", str(ours), "-q"])
+        assert r.exit_code == 0 and ours.read_text().startswith("# Ray Serve config for"), r.output

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from vit_deploy.cli.options import (MAX_BATCH, InputPath, console, precision_option,
-                                    provider_option, quiet_option)
+                                    provider_option, quiet_option, refuse_clobber)
 
 RAY_EXTRA = "pip install 'vit-deploy[ray]'"
 
@@ -93,11 +93,24 @@ def serve(bundle: Path, host: str, port: int, provider: str, precision: str, max
     run_server(app, host, port, on_ready=ready)
 
 
+def _refuse_a_file_we_did_not_write(path: Path) -> None:
+    """--write-config replaces only a config it wrote before (its first line says so)."""
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise click.BadParameter(f"{str(path)!r} is not a regular file", param_hint="--write-config")
+    if path.is_file():
+        with open(path, "rb") as f:
+            first = f.read(64)
+        if not first.startswith(b"# Ray Serve config for "):
+            raise click.BadParameter(f"{str(path)!r} exists and was not written by vit-deploy "
+                                     f"serve --write-config; name another file",
+                                     param_hint="--write-config")
+
+
 def _serve_with_ray(bundle: Path, address: str | None, config: Path | None, host: str,
                     port: int, quiet: bool, ready, **options) -> None:
     try:
         from vit_deploy.ray.cluster import check_address, serve_on_cluster
-        from vit_deploy.ray.serve_app import RayServeOptions, write_config
+        from vit_deploy.ray.serve_app import RayServeOptions, config_path, write_config
     except ImportError as e:
         raise click.UsageError(f"serve --ray needs Ray Serve ({e.name or e} is missing): "
                                f"{RAY_EXTRA}") from None
@@ -106,7 +119,11 @@ def _serve_with_ray(bundle: Path, address: str | None, config: Path | None, host
         if address is not None:
             raise click.UsageError("--write-config writes a file and serves nothing: drop "
                                    "--ray (deploy the file with `serve deploy FILE`)")
-        written = write_config(bundle, ray_options, path=None if str(config) == "-" else config,
+        target = None if str(config) == "-" else Path(config)
+        refuse_clobber({"--write-config": target}, bundles=[bundle])
+        _refuse_a_file_we_did_not_write(target if target is not None
+                                        else config_path(bundle.resolve()))
+        written = write_config(bundle, ray_options, path=target,
                                host=host, port=port)
         if quiet:
             click.echo(written)
