@@ -9,6 +9,7 @@ import re
 import subprocess
 import time
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -57,11 +58,11 @@ def environment() -> dict[str, Any]:
                                               "avx_vnni", "amx_int8", "amx_bf16", "fma") if f in have)
     except OSError:
         pass
-    for mod in ("onnx", "torch", "numpy"):
+    for dist in ("onnx", "torch", "numpy"):  # read, not imported (torch takes seconds)
         try:
-            env[mod] = __import__(mod).__version__
-        except ImportError:
-            env[mod] = None
+            env[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            env[dist] = None
     env["gpu"] = gpu_name()
     return env
 
