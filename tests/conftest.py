@@ -165,7 +165,7 @@ def quantised_bundle(tmp_path_factory):
 HEAVY_FILES = {
     "test_reliability.py", "test_readme.py", "test_bundle.py", "test_web.py",
     "test_web_package.py", "test_dense.py", "test_onnx.py", "test_targets.py",
-    "test_benchmarks.py", "test_sweep.py",
+    "test_benchmarks.py", "test_sweep.py", "test_naflex_trained.py",
     "test_ownership.py", "test_tome.py", "test_flexivit.py", "test_tensorrt.py", "test_fuzz.py",
     "test_telemetry.py", "test_tour.py", "test_triton.py",
     "test_digits.py", "test_install.py", "test_recovery.py", "test_bench.py",

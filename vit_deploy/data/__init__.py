@@ -29,6 +29,16 @@ DIGITS64_MODEL_FILE = "digits64_vit.safetensors"
 DIGITS64_FLEXI_MODEL_FILE = "digits64_flexi_vit.safetensors"
 DIGITS_MEAN = (0.5, 0.5, 0.5)
 DIGITS_STD = (0.5, 0.5, 0.5)
+# The trained SigLIP 2 NaFlex tower (scripts/train_digits_naflex.py): transformers'
+# Siglip2VisionModel trained on the digits stretched to their own aspect ratios, saved with
+# save_pretrained in DIGITS_NAFLEX_DIR (+ classifier.safetensors, its linear head).
+DIGITS_NAFLEX_DIR = "digits_siglip2"
+DIGITS_NAFLEX_RECORD_FILE = "digits_siglip2.json"
+DIGITS_NAFLEX_PATCH = 4
+DIGITS_NAFLEX_BUDGET = 64  # max_num_patches (and the 8x8 position table)
+DIGITS_NAFLEX_SIDE = 40  # a stretched digit covers about 40x40 pixels before the processor
+# the held-out digits' ratios (width:height), digit i at HELD_OUT_RATIOS[i % 9]
+HELD_OUT_RATIOS = (1 / 4, 1 / 3, 1 / 2, 2 / 3, 1.0, 3 / 2, 2.0, 3.0, 4.0)
 
 
 IMAGENET_LABELS_FILE = "imagenet1k_labels.json"
@@ -77,6 +87,37 @@ def digits_to_rgb(images: np.ndarray, size: int = DIGITS_SIZE) -> np.ndarray:
         big = gray.resize((size, size), Image.Resampling.BILINEAR)
         out[i] = np.asarray(big.convert("RGB"))
     return out
+
+
+def digits_at_ratios(digits: np.ndarray, ratios, shifts=None) -> list[np.ndarray]:
+    """(N, 8, 8) values 0..16 -> N RGB uint8 images, digit i stretched to width:height
+    ratios[i] (about DIGITS_NAFLEX_SIDE² pixels, bilinear, Pillow), first shifted by
+    shifts[i] = (dy, dx) source pixels (the background is 0)."""
+    from PIL import Image
+
+    out = []
+    for i, im in enumerate(digits):
+        if shifts is not None:
+            im = np.roll(im, tuple(int(v) for v in shifts[i]), axis=(0, 1))
+        r = float(ratios[i])
+        w = max(1, round(DIGITS_NAFLEX_SIDE * r ** 0.5))
+        h = max(1, round(DIGITS_NAFLEX_SIDE / r ** 0.5))
+        gray = Image.fromarray(np.clip(im * 16, 0, 255).astype(np.uint8))
+        out.append(np.asarray(gray.resize((w, h), Image.Resampling.BILINEAR).convert("RGB")))
+    return out
+
+
+def load_digits_naflex() -> dict[str, object]:
+    """{'train_digits' (N, 8, 8), 'train_labels', 'test_images' (each held-out digit at
+    HELD_OUT_RATIOS[i % 9], RGB uint8), 'test_ratios', 'test_labels'}: the NaFlex tower's
+    split (the same held-out digits as the ViTs')."""
+    with np.load(data_path(DIGITS_FILE)) as f:
+        images, labels, is_test = f["images"], f["labels"].astype(np.int64), f["is_test"]
+    test = images[is_test]
+    ratios = [HELD_OUT_RATIOS[i % len(HELD_OUT_RATIOS)] for i in range(len(test))]
+    return {"train_digits": images[~is_test], "train_labels": labels[~is_test],
+            "test_images": digits_at_ratios(test, ratios), "test_ratios": ratios,
+            "test_labels": labels[is_test]}
 
 
 def normalise(images: np.ndarray) -> np.ndarray:
