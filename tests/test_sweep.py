@@ -66,3 +66,30 @@ def test_bad_sweep_requests_are_refused(tmp_path):
         assert r.exit_code == 2 and message in r.output, (args, r.output)
     assert parse_list("0;4,4,2,2") == ("0", "4,4,2,2")
     assert parse_list("8,16", int) == (8, 16)
+
+
+def test_timing_rounds_interleave_the_configurations_and_keep_each_rounds_median(monkeypatch):
+    """Rounds go A B C, A B C (drift hits every configuration alike); p50 is the median of
+    the rounds' p50s, p90 the worst round's; each round is its own `bench` process."""
+    from pathlib import Path
+
+    from vit_deploy import sweep
+
+    calls = []
+    p50s = {"a": [3.0, 1.0, 2.0], "b": [5.0, 6.0, 4.0]}
+
+    def bench_once(bundle, precision, res, options):
+        calls.append(bundle.name)
+        i = sum(c == bundle.name for c in calls) - 1
+        return {"provider": "cpu", "p50_ms": p50s[bundle.name][i],
+                "p90_ms": p50s[bundle.name][i] + i}
+
+    monkeypatch.setattr(sweep, "_bench_once", bench_once)
+    points = [(SweepPoint(patch=8, merge=[0], precision="fp32", tokens=16, tokens_last=16,
+                          score=1.0, cosine=1.0, cosine_min=1.0, passed=True), Path(n))
+              for n in ("a", "b")]
+    sweep._time(points, (32, 32), sweep.SweepOptions(rounds=3), lambda _: None)
+    assert calls == ["a", "b", "a", "b", "a", "b"]
+    (a, _), (b, _) = points
+    assert a.rounds_p50_ms == [3.0, 1.0, 2.0] and a.p50_ms == 2.0 and a.p90_ms == 4.0  # 3, 2, 4
+    assert b.p50_ms == 5.0 and b.p90_ms == 7.0 and a.provider == b.provider == "cpu"

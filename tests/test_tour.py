@@ -1,7 +1,8 @@
 """The README's tour, followed in order as a new user would after `make export`: every
 command line, the Python snippet and the JavaScript one run on a CPU-only machine, with the
 images the package ships. ViT-B/16 lines run on the tiny model with the same flags (the
-bundle keeps the README's name); a few lines cannot run here and say why below."""
+bundle keeps the README's name), the sweep times one round instead of three; a few lines
+cannot run here and say why below."""
 
 from __future__ import annotations
 
@@ -53,6 +54,8 @@ def _argv(cmd: str) -> list[str] | None:
     argv = shlex.split(cmd)
     if argv[:2] == ["vit-deploy", "export"]:  # what make export runs, on the tiny model
         argv += ["--model", "tiny", "--out", "vit-B16-448"]
+    if argv[:2] == ["vit-deploy", "sweep"]:  # one timing round, not three: the same code
+        argv += ["--rounds", "1"]  # path (rounds repeat it; tests/test_sweep.py times rounds)
     if argv[:2] == ["vit-deploy", "web"]:
         argv = [a for a in argv if a != "--serve"]  # serving is tested in tests/test_web.py
     if argv[0] == "vit-deploy":
