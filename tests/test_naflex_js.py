@@ -71,7 +71,8 @@ for (const [i, { budget, picks }] of job.cases.entries()) {
 }
 const naflex = await web.NaFlex.load(path.dirname(job.model), { maxNumPatches: 64 });
 const refused = await web.NaFlex.load(job.notNaflex).then(() => null, (e) => `${e.name}: ${e.message}`);
-console.log(JSON.stringify({ timing, patchSize: naflex.preprocess.patchSize, info: naflex.info, refused }));
+const unchecked = await naflex.check().then(() => null, (e) => `${e.name}: ${e.message}`); // no manifest
+console.log(JSON.stringify({ timing, patchSize: naflex.preprocess.patchSize, info: naflex.info, refused, unchecked }));
 await naflex.release();
 """
 
@@ -188,6 +189,9 @@ def test_onnx_features_match_python_onnxruntime(images, model, node_run):
 
     d, printed, cases = node_run
     assert printed["patchSize"] == 16 and printed["info"]["provider"] == "cpu"
+    assert printed["info"]["splitBatches"] is False  # a bare fp32 model.onnx: one run a batch
+    assert printed["unchecked"].startswith("BundleError: ") and "has no NaFlex golden references " \
+        "(a bare model.onnx: load its bundle)" in printed["unchecked"], printed["unchecked"]
     assert printed["refused"].startswith("BundleError: ") and "is not a NaFlex graph: expected " \
         "inputs [\"pixel_values\",\"pixel_attention_mask\",\"spatial_shapes\"]" in \
         printed["refused"] and 'got inputs ["x"], outputs ["y"]' in printed["refused"], printed

@@ -5,13 +5,18 @@ budget of 64 patches) and quantised to int8; `vit-deploy web --precision fp32,in
 the site. In Node, what the page does (NaFlex.load on the site's bundle/ with a precision,
 then features of one picked image) against Python's NaFlexSession on the bundle: the same
 grids and pooled vectors within 1e-5 relative, two images of different aspect ratios, both
-precisions. In headless Chromium (as tests/test_web.py), the page itself, served by
-`vit-deploy web --serve`, given each image through its file input.
+precisions. `naflex.check()` in Node against Python's `vit-deploy check --reference bundle
+--json` on the same bundle: every case and output passes, with Python's figures (max |Δ|,
+tolerance, cosine, resolution, batch); a changed references.bin and a manifest without
+naflex_references are refused. In headless Chromium (as tests/test_web.py), the page itself,
+served by `vit-deploy web --serve`, given each image through its file input, then its
+"check and measure" (naflex.check() on WebAssembly).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import warnings
 from pathlib import Path
@@ -53,6 +58,30 @@ for (const precision of job.precisions) {
 console.log(JSON.stringify(out));
 """
 
+# naflex.check() in Node: both precisions (fp32 also loaded with another patch budget: the
+# check preprocesses by the bundle's rule), then the bundles that must be refused.
+CHECK = r"""
+import fs from 'node:fs';
+const web = await import(process.argv[2]);
+const job = JSON.parse(fs.readFileSync(process.argv[3], 'utf8'));
+const out = { reports: {}, refused: {} };
+for (const [name, precision, options] of [['fp32', 'fp32', {}], ['int8', 'int8', {}],
+  ['fp32 at 256 patches', 'fp32', { maxNumPatches: 256 }]]) {
+  const naflex = await web.NaFlex.load(job.bundle, { precision, threads: 1, ...options });
+  const t0 = performance.now();
+  out.reports[name] = { ...await naflex.check({ latencyRuns: 3 }), ms: performance.now() - t0,
+    splitBatches: naflex.info.splitBatches };
+  await naflex.release();
+}
+out.broken = await web.NaFlex.load(job.broken).then(() => null, (e) => `${e.name}: ${e.message}`);
+for (const [name, where] of Object.entries(job.refused)) {
+  const naflex = await web.NaFlex.load(where, { threads: 1 });
+  out.refused[name] = await naflex.check().then(() => null, (e) => `${e.name}: ${e.message}`);
+  await naflex.release();
+}
+console.log(JSON.stringify(out));
+"""
+
 # The page in Chromium: each image through the file input, what the page shows and computed.
 BROWSER = r"""
 import fs from 'node:fs';
@@ -82,6 +111,13 @@ try {
       out[precision].images[image] = await page.evaluate(() => ({ ...window.naflexResult,
         shown: document.getElementById('top').textContent, timing: document.getElementById('timing').textContent }));
     }
+    out[precision].checkBefore = await page.evaluate(() => ({ disabled: document.getElementById('check-run').disabled,
+      status: document.getElementById('check-status').textContent }));
+    await page.click('#check-run'); // "check and measure": naflex.check() on each backend offered
+    await page.waitForFunction(() => document.body.dataset.checked, null, { timeout: 120_000 });
+    out[precision].check = await page.evaluate(() => ({ state: document.body.dataset.checked,
+      status: document.getElementById('check-status').textContent, report: window.checkReport ?? null,
+      offered: window.checkOffered ?? null, rows: document.getElementById('check-cases').rows.length }));
     await page.close();
   }
   console.log(JSON.stringify(out));
@@ -124,6 +160,16 @@ def site(bundle, tmp_path_factory) -> Path:
                                   "--precision", "fp32,int8"])
     assert r.exit_code == 0, r.output
     return out
+
+
+@pytest.fixture(scope="module")
+def python_check(bundle, tmp_path_factory) -> dict:
+    """Python's `vit-deploy check BUNDLE --reference bundle --json` (every precision, CPU)."""
+    out = tmp_path_factory.mktemp("check") / "check.json"
+    r = CliRunner().invoke(main, ["check", str(bundle), "--reference", "bundle", "--json",
+                                  str(out)])
+    assert r.exit_code == 0, r.output
+    return json.loads(out.read_text())
 
 
 def _python(bundle: Path, images: list[Path]) -> dict:
@@ -191,7 +237,40 @@ def test_the_pages_code_path_in_node_matches_python(bundle, site, images, tmp_pa
     assert max(worst.values()) <= RTOL, worst
 
 
-def test_the_page_in_headless_chromium(bundle, images, tmp_path):
+def _assert_page_check(page: dict, precision: str, python_check: dict) -> None:
+    """The page's "check and measure" on a NaFlex bundle: naflex.check() on WebAssembly (no
+    adapter under --disable-gpu), every case passing the policy, near Python's figures."""
+    before, check = page["checkBefore"], page["check"]
+    assert not before["disabled"] and before["status"].startswith("3 reference cases (mixed: "
+                                                                 "6 images, tall: 1 image"), before
+    assert check["state"] == "true", check["status"]
+    report = check["report"]
+    assert check["offered"]["backends"] == ["wasm"] and report["passed"] is True, report["cases"]
+    shown = re.match(r"passed: 6 of 6 cases within the tolerance policy, worst cosine ([0-9.]+) · "
+                     r"golden references \(pytorch fp32, torch ", check["status"])
+    assert shown and abs(float(shown[1]) - min(c["cosine"] for c in report["cases"])) <= 1e-7, \
+        check["status"]
+    assert report["device"]["runtime"].startswith("onnxruntime-web ") and check["rows"] == 7
+    python = {(c["case"], c["output"]): c for c in python_check["cases"]
+              if c["precision"] == precision}
+    assert {(c["case"], c["output"]) for c in report["cases"]} == set(python)
+    apart = 0.0
+    for c in report["cases"]:
+        want = python[(c["case"], c["output"])]
+        assert c["provider"] == "wasm" and c["precision"] == precision and c["passed"]
+        assert (c["resolution"], c["batch"], c["cosine_min"]) == (
+            want["resolution"], want["batch"], want["cosine_min"])
+        # onnxruntime-web's WebAssembly kernels are not the CPU provider's: close, not equal
+        apart = max(apart, abs(c["cosine"] - want["cosine"]))
+    assert apart <= 1e-4, apart
+    [lat] = report["latency"]
+    assert lat["provider"] == "wasm" and lat["runs"] == 10 and lat["p50_ms"] > 0
+    print(f"Chromium check {precision}: {check['status'][:75]}; worst max|Δ| "
+          f"{max(c['max_abs'] for c in report['cases']):.2e}; cosines within {apart:.1e} of "
+          f"Python's; first case p50 {lat['p50_ms']:.1f} ms")
+
+
+def test_the_page_in_headless_chromium(bundle, images, python_check, tmp_path):
     import re
     import sys
 
@@ -220,7 +299,7 @@ def test_the_page_in_headless_chromium(bundle, images, tmp_path):
     want = _python(bundle, images)
     for precision in ("fp32", "int8"):
         page = got[precision]
-        assert page["checkHidden"] and "NaFlex" in page["model"] and "64 patches" in page["model"]
+        assert not page["checkHidden"] and "NaFlex" in page["model"] and "64 patches" in page["model"]
         assert f"{precision} · session" in page["status"] and "onnxruntime-web" in page["status"]
         for p in images:
             shown = page["images"][str(p)]
@@ -237,3 +316,82 @@ def test_the_page_in_headless_chromium(bundle, images, tmp_path):
             assert cosine >= 0.9999 and rel <= 1e-4, (precision, p.name, rel, cosine)
             norm = float(re.search(rf"{pooled.size} values, norm ([0-9.]+)", shown["shown"])[1])
             assert abs(norm - np.linalg.norm(ref)) <= 1e-3 * np.linalg.norm(ref), norm
+        _assert_page_check(page, precision, python_check)
+
+
+def _refused_bundles(bundle: Path, tmp_path: Path) -> dict[str, str]:
+    """Copies of the bundle the check must refuse: references.bin with one byte changed (the
+    manifest not updated), a manifest without naflex_references; and one that does not load
+    (an output placed past the end of references.bin)."""
+    import shutil
+
+    changed, without, broken = tmp_path / "changed", tmp_path / "without", tmp_path / "broken"
+    for d in (changed, without, broken):
+        shutil.copytree(bundle, d)
+    manifest = json.loads((broken / "manifest.json").read_text())
+    manifest["naflex_references"]["cases"][1]["outputs"]["pooled"]["offset"] = 1 << 20
+    (broken / "manifest.json").write_text(json.dumps(manifest))
+    data = bytearray((changed / "references.bin").read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (changed / "references.bin").write_bytes(bytes(data))
+    manifest = json.loads((without / "manifest.json").read_text())
+    del manifest["naflex_references"]
+    (without / "manifest.json").write_text(json.dumps(manifest))
+    return {"changed": str(changed), "without": str(without), "broken": str(broken)}
+
+
+def test_check_in_node_agrees_with_python(bundle, python_check, tmp_path):
+    """naflex.check() (onnxruntime-node) on the bundle Python checked: the same report kind,
+    every case and output passing, Python's figures case by case (max |Δ| and cosine within
+    1e-5, tolerance, resolution and batch exactly; int8 runs a batch one image at a time, as
+    Python does: dynamic int8 couples a batch's images)."""
+    refused = _refused_bundles(bundle, tmp_path)
+    job = {"bundle": str(bundle), "broken": refused.pop("broken"), "refused": refused}
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    (tmp_path / "check.mjs").write_text(CHECK)
+    r = subprocess.run([_node(), str(tmp_path / "check.mjs"), (WEB / "src" / "node.mjs").as_uri(),
+                        str(tmp_path / "job.json")], cwd=WEB, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    manifest = json.loads((bundle / "manifest.json").read_text())["naflex_references"]
+    python = {(c["case"], c["precision"], c["output"]): c for c in python_check["cases"]}
+    assert python_check["passed"] and python_check["kind"] == "check"
+    worst = {}
+    for name, report in got["reports"].items():
+        precision = name.split()[0]
+        assert report["schema"] == "vit-deploy-report" and report["schema_version"] == 1
+        assert report["kind"] == "check" and report["passed"] is True, report["cases"]
+        assert report["bundle"] == str(bundle)
+        assert report["device"]["runtime"] == "onnxruntime-node 1.30.0"
+        assert report["reference"].startswith("golden references (pytorch fp32, torch ")
+        assert report["splitBatches"] is (precision == "int8")
+        assert [(c["label"], c["output"]) for c in report["cases"]] == [
+            (c["name"], o) for c in manifest["cases"] for o in c["outputs"]]
+        diffs = []
+        for c in report["cases"]:
+            want = python[(c["case"], precision, c["output"])]
+            assert c["provider"] == "cpu" and c["precision"] == precision and c["passed"]
+            for key in ("resolution", "batch", "abs_tol", "cosine_min", "passed"):
+                assert c[key] == want[key], (name, c["label"], key, c[key], want[key])
+            diffs += [abs(c["max_abs"] - want["max_abs"]), abs(c["cosine"] - want["cosine"])]
+        worst[name] = max(diffs)
+        [lat] = report["latency"]
+        assert (lat["provider"], lat["precision"], lat["runs"], lat["batch"], lat["resolution"]) \
+            == ("cpu", precision, 3, len(manifest["cases"][0]["images"]), [128, 128])
+        assert 0 < lat["p50_ms"] <= lat["p90_ms"]
+        print(f"naflex.check() {name}: {len(report['cases'])} cases, "
+              f"{report['ms']:.0f} ms; worst cosine {min(c['cosine'] for c in report['cases']):.7f}, "
+              f"worst max|Δ| {max(c['max_abs'] for c in report['cases']):.2e}; first case "
+              f"p50 {lat['p50_ms']:.1f} ms (batch {lat['batch']}); max difference from "
+              f"Python's figures {worst[name]:.1e}")
+    assert max(worst.values()) <= 1e-5, worst
+    refused = got["refused"]
+    assert refused["changed"].startswith("BundleError: references ") and re.search(
+        r"references\.bin has sha256 [0-9a-f]{16}…, the manifest says [0-9a-f]{16}… \(modified "
+        r"after export\)", refused["changed"]), refused["changed"]
+    assert refused["without"].startswith("BundleError: ") and 'has no NaFlex golden references ' \
+        '(its manifest has no "naflex_references")' in refused["without"], refused["without"]
+    assert got["broken"].startswith("BundleError: manifest ") and re.search(
+        r"naflex_references\.cases\[1\]\.outputs\[\"pooled\"\] must be \{offset .* inside the "
+        r"\d+-byte references\.bin, got", got["broken"]), got["broken"]

@@ -227,9 +227,11 @@ export declare function seededInput(seed: number, shape: number[]): Float32Array
 export declare function pixelInput(bytes: Uint8Array,
   pixels: { offset: number; mean: number[]; std: number[]; scale: number },
   shape: number[]): Float32Array;
-/** One output against its reference, by the tolerance policy (NaN / Inf: null, failed). */
+/** One output against its reference, by the tolerance policy (NaN / Inf: null, failed).
+ * `rows`: the output is that many images' outputs, and the cosine is the least of theirs
+ * (Python's parity.metrics); default 1, one cosine over the whole output. */
 export declare function compare(got: ArrayLike<number>, reference: ArrayLike<number>,
-  precision: Precision): Pick<CheckCase, 'max_abs' | 'abs_tol' | 'cosine' | 'cosine_min' | 'passed'>;
+  precision: Precision, options?: { rows?: number }): Pick<CheckCase, 'max_abs' | 'abs_tol' | 'cosine' | 'cosine_min' | 'passed'>;
 /** Several reports of one bundle on one device (the page's backends) as one. */
 export declare function mergeReports(reports: Report[]): Report;
 

@@ -1,6 +1,6 @@
 // SigLIP 2 NaFlex (src/lib/naflex.mjs): runtime/naflex.py's preprocessing and the exported
 // NaFlex graph. Each entry declares the NaFlex class for its platform's images.
-import type { Pixels } from './common.js';
+import type { CheckCase, CheckOptions, CheckReport, Pixels } from './common.js';
 
 /** [H, W] a height x width image is resized to: transformers'
  * get_image_size_for_max_num_patches, the same sizes as Python. */
@@ -65,6 +65,37 @@ export interface NaFlexFeatures {
   ms: { decode: number; preprocess: number; run: number };
 }
 
+/** A NaFlex bundle's golden references (manifest `naflex_references`; references.bin):
+ * PyTorch fp32 outputs of seeded images (generator "mulberry32-rgb8-v1", regenerated from
+ * seed and size) of several aspect ratios. */
+export interface NaFlexReferences {
+  file: string;
+  generator: 'mulberry32-rgb8-v1';
+  /** What made the outputs, e.g. "pytorch fp32 (torch 2.13.0)". */
+  source: string;
+  /** Bytes of the file, as the manifest lists it. */
+  size: number;
+  sha256: string | null;
+  cases: Array<{
+    name: string;
+    /** 1 to 64 images, one batch: each regenerated from its seed at [H, W]. */
+    images: Array<{ seed: number; size: [number, number] }>;
+    /** Output name (pooled, last_hidden_state) -> its float32 values' byte offset and shape. */
+    outputs: Record<string, { offset: number; shape: number[] }>;
+  }>;
+}
+
+/** One NaFlex reference case × output: its label is the case's name; `case` names its
+ * images' sizes as Python's report does ("naflex mixed (64x64,32x128,...)"); resolution is
+ * the first image's resized [H, W]; cosine the least of the images'. */
+export interface NaFlexCheckCase extends CheckCase {
+  case: string;
+}
+/** What `naflex.check()` returns: Python's `check --reference bundle --json` figures. */
+export interface NaFlexCheckReport extends CheckReport {
+  cases: NaFlexCheckCase[];
+}
+
 /** What NaFlex.load read of a NaFlex bundle's manifest.json (preprocess resize "naflex"). */
 export interface NaFlexManifest {
   name: string | null;
@@ -79,6 +110,10 @@ export interface NaFlexManifest {
   precision: string;
   /** What `vit-deploy web --threads` recorded (web.json), or null. */
   threads: number | null;
+  /** The golden references, or null for a bundle without them. */
+  references: NaFlexReferences | null;
+  /** Whether the precision loaded quantises activations per batch (dynamic int8). */
+  batchCoupled: boolean;
 }
 
 export interface NaFlexMethods<I> {
@@ -88,9 +123,26 @@ export interface NaFlexMethods<I> {
   /** The bundle's precision loaded; null for a bare model.onnx. */
   readonly precision: string | null;
   readonly url: string;
-  readonly info: { backend: string; provider: string; threads: number | null };
+  /** The bundle's folder URL; null for a bare model.onnx. */
+  readonly bundle: string | null;
+  readonly info: {
+    backend: string;
+    provider: string;
+    threads: number | null;
+    /** Why it runs on WebAssembly where WebGPU was asked or offered none; else null. */
+    fallback: string | null;
+    ortVersion: string | null;
+    /** The WebGPU adapter that runs it (browser), else null. */
+    gpu: string | null;
+    /** Whether run() takes a batch's images one at a time (dynamic int8: batch-coupled). */
+    splitBatches: boolean;
+  };
   run(batch: NaFlexBatch): Promise<{ pooled: { data: Float32Array; dims: number[] };
     last_hidden_state: { data: Float32Array; dims: number[] } }>;
   features(images: I | I[]): Promise<NaFlexFeatures>;
+  /** The bundle's golden references against this runtime (the precision and provider
+   * loaded), by the tolerance policy, as Python's `vit-deploy check --reference bundle`;
+   * a BundleError for a model without references (or a bare model.onnx). */
+  check(options?: CheckOptions): Promise<NaFlexCheckReport>;
   release(): Promise<void>;
 }

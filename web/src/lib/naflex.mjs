@@ -4,14 +4,15 @@
 // runtime/naflex_session.py.
 //
 // NaFlex keeps each image's aspect ratio: it is resized (Pillow's bilinear, antialiased on
-// downscale: resample.mjs, the resampler the NCHW path uses) to the largest patch grid
-// (gh, gw) of at most maxNumPatches patches, its patches are flattened (row, column,
-// channel) in raster order and padded with zeros to maxNumPatches; a mask marks the real
-// ones, so images of any aspect ratio share one batch.
+// downscale: resample.mjs, as the NCHW path) to the largest patch grid (gh, gw) of at most
+// maxNumPatches patches, flattened (row, column, channel) in raster order and padded with
+// zeros to maxNumPatches; a mask marks the real patches: any aspect ratios share one batch.
+// Golden references (naflex_references) are checked by check() (check.mjs judges them).
 // Shapes in comments: B batch, N maxNumPatches, P patch, C channels (3), D width.
+import { naflexCheckReport, naflexReferences, verifyReferences } from './check.mjs';
 import { BundleError, checkThreads, isInt, show } from './common.mjs';
 import { decodeImage } from './decode.mjs';
-import { bundleFile, checkNormalization } from './manifest.mjs';
+import { bundleFile, checkNormalization, int8Recipe } from './manifest.mjs';
 import { toRGB } from './preprocess.mjs';
 import { resize } from './resample.mjs';
 
@@ -160,9 +161,8 @@ function modelLocation(model, platform) {
 
 async function readJSON(platform, url, what, { optional = false } = {}) {
   const text = await platform.readText(url, what, { optional });
-  if (text === null) return null;
   try {
-    return JSON.parse(text);
+    return text === null ? null : JSON.parse(text);
   } catch (e) {
     throw new BundleError(`${what} ${url.href} is not valid JSON: ${e.message}`);
   }
@@ -212,7 +212,9 @@ async function locate(model, platform, precision) {
     return f;
   }));
   const url = await bundleFile(dir, name, `models[${show(precision)}]`, platform.insideBundle);
-  return { url, external, manifest: { ...manifest, precision, threads: web.threads ?? null } };
+  return { url, external, base: dir, manifest: { ...manifest, precision, threads: web.threads ?? null,
+    references: naflexReferences(m, NAFLEX_OUTPUTS, `manifest ${where.href}`), // checked; null: none
+    batchCoupled: int8Recipe(m, precision)?.kind === 'dynamic' } }; // Python's Manifest.batch_coupled
 }
 
 /** A NaFlex graph loaded for inference; `NaFlex.load(model)` makes one. */
@@ -238,19 +240,21 @@ export class NaFlex {
     const given = Object.fromEntries(['maxNumPatches', 'mean', 'std'].filter((k) => options[k] !== undefined)
       .map((k) => [k, options[k]]));
     new NaFlexPreprocess(given); // checked before reading
-    const { url, external, manifest } = await locate(model, platform, precision);
+    const { url, external, manifest, base } = await locate(model, platform, precision);
     const threads = checkThreads(options.threads ?? manifest?.threads ?? null);
     const ortBase = options.ortBase ? new URL(options.ortBase, globalThis.location?.href) : new URL('../ort/', import.meta.url);
-    const { ort, backend: chosen } = await platform.loadOrt(backend, ortBase);
+    const { ort, backend: chosen, noGpuReason, gpu } = await platform.loadOrt(backend, ortBase);
     const inputs = await platform.sessionInputs({ ort, backend: chosen, threads, modelURL: url, external, base: new URL('./', url) });
     const sessionOptions = { graphOptimizationLevel: 'all', ...inputs.options };
     let session;
     let provider = chosen;
+    let fallback = chosen === 'webgpu' ? null : noGpuReason ?? null;
     try {
       session = await ort.InferenceSession.create(inputs.model, sessionOptions);
     } catch (e) {
       if (chosen !== 'webgpu' || backend === 'webgpu') throw new BundleError(`${url.href}: ONNX Runtime could not create a session (${e.message})`);
       provider = 'wasm'; // as ViT.load: WebGPU failed, WebAssembly runs it
+      fallback = `WebGPU session failed (${e.message}); running on WebAssembly`;
       session = await ort.InferenceSession.create(inputs.model, { ...sessionOptions, executionProviders: ['wasm'] });
     }
     const names = [[...session.inputNames], [...session.outputNames]];
@@ -266,7 +270,9 @@ export class NaFlex {
     const fields = manifest ? { maxNumPatches: manifest.maxNumPatches, mean: manifest.mean, std: manifest.std, scale: manifest.scale } : {};
     const preprocess = new NaFlexPreprocess({ ...fields, ...given, patchSize });
     return new this({ ort, session, preprocess, manifest, precision: manifest ? precision : null, url: url.href,
-      info: { backend: platform.runtime, provider, threads } });
+      bundle: base?.href ?? null, info: { backend: platform.runtime, provider, threads, fallback,
+        ortVersion: ort.env.versions?.common ?? null, gpu: provider === 'webgpu' ? gpu ?? null : null,
+        splitBatches: manifest?.batchCoupled ?? false } });
   }
 
   /** The session, or an Error once release() has freed it. */
@@ -277,9 +283,27 @@ export class NaFlex {
 
   /**
    * The graph on a prepared batch (NaFlexPreprocess.batch) -> { pooled: { data, dims: [B, D] },
-   * last_hidden_state: { data, dims: [B, N, D] } }.
+   * last_hidden_state: { data, dims: [B, N, D] } }. Dynamic int8 quantises activations per
+   * tensor, coupling a batch's images: it runs them one at a time (info.splitBatches), as
+   * Python's NaFlexSession.
    */
-  async run({ pixelValues, pixelAttentionMask, spatialShapes }) {
+  async run(batch) {
+    const B = batch.pixelValues.dims[0];
+    if (!this.info.splitBatches || B === 1) return this.#run(batch);
+    const rows = []; // each image's outputs, then (B, ...) again
+    for (let b = 0; b < B; b++) {
+      rows.push(await this.#run(Object.fromEntries(Object.entries(batch).map(([k, { data, dims }]) =>
+        [k, { data: data.slice(b * (data.length / B), (b + 1) * (data.length / B)), dims: [1, ...dims.slice(1)] }]))));
+    }
+    return Object.fromEntries(NAFLEX_OUTPUTS.map((name) => {
+      const { data: first, dims } = rows[0][name];
+      const data = new Float32Array(B * first.length);
+      rows.forEach((r, b) => data.set(r[name].data, b * first.length));
+      return [name, { data, dims: [B, ...dims.slice(1)] }];
+    }));
+  }
+
+  async #run({ pixelValues, pixelAttentionMask, spatialShapes }) {
     const session = this.#live();
     const { Tensor } = this.ort;
     const feeds = { [PIXEL_VALUES]: new Tensor('float32', pixelValues.data, pixelValues.dims),
@@ -317,6 +341,29 @@ export class NaFlex {
     const grids = list.map((_, b) => [Number(batch.spatialShapes.data[b * 2]), Number(batch.spatialShapes.data[b * 2 + 1])]);
     const tokens = grids.map(([gh, gw], b) => ({ data: last.data.slice(b * N * D, (b * N + gh * gw) * D), dims: [gh, gw, D] }));
     return { pooled: out[POOLED], tokens, grids, ms: { decode: t1 - t0, preprocess: t2 - t1, run: t3 - t2 } };
+  }
+
+  /** The bundle's golden references (naflex_references) against the precision and provider
+   * loaded, as Python's `vit-deploy check --reference bundle` (check.mjs's naflexCheckReport),
+   * preprocessed by the bundle's rule whatever load() was given -> the report (schema
+   * "vit-deploy-report" v1, kind "check"); `latencyRuns` timed runs of the first case. */
+  async check({ latencyRuns = 0 } = {}) {
+    this.#live();
+    const refs = this.manifest?.references ?? null;
+    if (!refs?.cases.length) {
+      throw new BundleError(`${this.bundle ?? this.url} has no NaFlex golden references (${!this.manifest
+        ? 'a bare model.onnx: load its bundle' : refs ? 'its manifest lists no cases' : 'its manifest has no ' +
+        '"naflex_references"'}): export it again with \`vit-deploy export --naflex\`, or check it against PyTorch (vit-deploy check)`);
+    }
+    const { platform } = this.constructor;
+    const base = new URL(this.bundle);
+    const url = await bundleFile(base, refs.file, 'references', platform.insideBundle);
+    const bytes = await platform.readBytes(url, 'references');
+    await verifyReferences(bytes, refs, url);
+    const { patchSize, maxNumPatches, mean, std, scale } = this.manifest; // the bundle's rule
+    const pre = new NaFlexPreprocess({ patchSize, maxNumPatches, mean, std, scale });
+    return naflexCheckReport(this, pre, refs, bytes, { latencyRuns, masked: LAST_HIDDEN,
+      device: platform.device(this.info), bundle: platform.bundleName(base) });
   }
 
   /** Frees the session; the model cannot run after this. */

@@ -1,6 +1,6 @@
 // The ViT class: a bundle loaded for inference, on whichever platform a subclass names
 // (bindPlatform, below: what each entry exports). Nothing here knows which platform it is.
-import { checkReport } from './check.mjs';
+import { checkReport, verifyReferences } from './check.mjs';
 import {
   BundleError, checkThreads, checkTopK, guardMemory, isGridOutput, isInt, LOGITS,
   METADATA_CONFIG_KEY, PATCH_TOKENS, show, WEB_RECORD,
@@ -310,15 +310,7 @@ export class ViT {
     const { platform } = this.constructor;
     const url = await bundleFile(new URL(this.url), refs.file, 'references', platform.insideBundle);
     const bytes = await platform.readBytes(url, 'references');
-    if (bytes.byteLength !== refs.size) {
-      throw new BundleError(`references ${url.href} has ${bytes.byteLength} bytes, the manifest ` +
-        `says ${refs.size} (truncated or replaced)`);
-    }
-    const digest = await sha256(bytes);
-    if (digest !== null && refs.sha256 !== null && digest !== refs.sha256) {
-      throw new BundleError(`references ${url.href} has sha256 ${digest.slice(0, 16)}…, the ` +
-        `manifest says ${String(refs.sha256).slice(0, 16)}… (modified after export)`);
-    }
+    await verifyReferences(bytes, refs, url);
     return checkReport(this, refs, bytes, { latencyRuns, device: platform.device(this.info),
       bundle: platform.bundleName(new URL(this.url)) });
   }
@@ -415,15 +407,6 @@ function checkAgainstModel(manifest, metadata, modelURL) {
         'describe this model');
     }
   }
-}
-
-/** Hex sha256 of bytes; null where Web Crypto is not offered (a page on plain http that is
- * not localhost: no secure context), the size check then stands alone. */
-async function sha256(bytes) {
-  const subtle = globalThis.crypto?.subtle;
-  if (!subtle) return null;
-  const hash = new Uint8Array(await subtle.digest('SHA-256', bytes));
-  return Array.from(hash, (b) => b.toString(16).padStart(2, '0')).join('');
 }
 
 /** The public names whose work depends on the platform, bound to `platform` (a platform
