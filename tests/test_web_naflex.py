@@ -104,6 +104,7 @@ try {
     const status = await page.textContent('#status');
     if (await page.evaluate(() => document.body.dataset.ready) !== 'true') throw new Error(status);
     out[precision] = { status, model: await page.textContent('#model'),
+      selected: await page.evaluate(() => document.getElementById('precision').value),
       checkHidden: await page.evaluate(() => document.getElementById('check').hidden), images: {} };
     for (const [i, image] of job.images.entries()) {
       await page.setInputFiles('#file', image);
@@ -301,6 +302,7 @@ def test_the_page_in_headless_chromium(bundle, images, python_check, tmp_path):
         page = got[precision]
         assert not page["checkHidden"] and "NaFlex" in page["model"] and "64 patches" in page["model"]
         assert f"{precision} · session" in page["status"] and "onnxruntime-web" in page["status"]
+        assert page["selected"] == precision  # the control shows what runs (it showed fp32)
         for p in images:
             shown = page["images"][str(p)]
             w = want[precision][p.name]
