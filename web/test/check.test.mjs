@@ -70,6 +70,45 @@ test('check() passes every case and output of the references, fp32 and int8, wit
   }
 });
 
+test('check() gives Python\'s figures (check --reference bundle --json), case by case: int8 batches image by image, the worst image\'s cosine', async () => {
+  // Python's report (tests/test_web.py), written for fp32 and int8 of the same bundle
+  const python = JSON.parse(fs.readFileSync(path.join(DIR, index.python_check), 'utf8'));
+  assert.equal(python.passed, true);
+  const worst = {};
+  for (const precision of ['fp32', 'int8']) {
+    const vit = await ViT.load(path.join(DIR, 'bundle'), { precision, threads: 1 });
+    assert.equal(vit.info.splitBatches, precision === 'int8'); // the int8 recipe is dynamic
+    const report = await vit.check();
+    await vit.release();
+    const want = python.cases.filter((c) => c.precision === precision);
+    assert.equal(report.cases.length, want.length, precision);
+    assert.ok(want.length >= 3 && want.every((c) => c.batch === 2), JSON.stringify(want));
+    worst[precision] = 0;
+    report.cases.forEach((c, i) => {
+      const w = want[i];
+      const what = `${precision} ${c.label} (Python's ${w.label}) ${c.output}`;
+      for (const key of ['resolution', 'batch', 'output', 'abs_tol', 'cosine_min', 'passed']) {
+        assert.deepEqual(c[key], w[key], `${what}: ${key}`);
+      }
+      const diff = Math.max(Math.abs(c.max_abs - w.max_abs), Math.abs(c.cosine - w.cosine));
+      assert.ok(diff <= 1e-5, `${what}: max |Δ| ${c.max_abs} / cosine ${c.cosine}, Python's ` +
+        `${w.max_abs} / ${w.cosine}`);
+      worst[precision] = Math.max(worst[precision], diff);
+    });
+  }
+  console.log(`vit.check() vs Python's check --reference bundle: largest difference of a figure ${JSON.stringify(worst)}`);
+});
+
+test('compare(): the least cosine of its rows; a zero row against a non-zero one is cosine 0, as Python\'s', () => {
+  const ref = Float32Array.from([1, 0, 0, 1]);
+  const got = Float32Array.from([1, 0, 1, 1]); // row 0 exact, row 1 at 45°
+  assert.equal(compare(got, ref, 'int8', { rows: 2 }).cosine, 1 / Math.sqrt(2));
+  assert.ok(Math.abs(compare(got, ref, 'int8').cosine - 2 / Math.sqrt(6)) < 1e-15); // one over all
+  assert.equal(compare(Float32Array.from([0, 0, 1, 1]), ref, 'int8', { rows: 2 }).cosine, 0);
+  assert.equal(compare(new Float32Array(4), new Float32Array(4), 'fp32', { rows: 2 }).cosine, 1);
+  assert.throws(() => compare(got, ref, 'int8', { rows: 3 }), /rows must be a positive integer dividing the 4 values, got 3/);
+});
+
 test('the policy: fp32 by max |Δ| and cosine, others by cosine; NaN fails as null', () => {
   const ref = Float32Array.from([1, 2, 3, 4]);
   assert.equal(compare(ref, ref, 'fp32').passed, true);

@@ -21,6 +21,30 @@ test('run() gives the logits of Python ONNX Runtime for the same tensor', async 
   }
 });
 
+test('int8 (dynamic) runs a batch image by image: two images together give each one\'s logits alone', async () => {
+  assert.deepEqual([vits.fp32.info.splitBatches, vits.int8.info.splitBatches], [false, true]);
+  const [a, b] = ['hopper-small.png', 'present-alpha.png'].map((image) =>
+    index.logits.find((e) => e.image === image && e.precision === 'int8'));
+  const [xa, xb] = [a, b].map((e) => f32(e.pixels));
+  assert.deepEqual(a.dims, b.dims);
+  const both = new Float32Array(xa.length * 2);
+  both.set(xa);
+  both.set(xb, xa.length);
+  const together = await vits.int8.run(both, [2, ...a.dims.slice(1)]);
+  const n = together.length / 2;
+  for (const [k, e] of [a, b].entries()) {
+    const row = together.subarray(k * n, (k + 1) * n);
+    const alone = await vits.int8.run(f32(e.pixels).slice(), e.dims);
+    assert.deepEqual(row, alone, `${e.image}: its row of the batch against its run alone`);
+    const classified = await vits.int8.classify(path.join(IMAGES, e.image)); // one image, as ever
+    assert.deepEqual(row, classified.logits, `${e.image}: against classify()`);
+    assert.ok(maxAbs(row, f32(e.file)) <= 1e-5, `${e.image}: Python's int8 logits`);
+  }
+  const all = await vits.int8.runAll(both, [2, ...a.dims.slice(1)]); // every output, batch-first
+  assert.deepEqual(all.logits.dims, [2, n]);
+  assert.deepEqual(all.logits.data, together);
+});
+
 test('classify() of a PNG: the labels, order and probabilities of Python predict()', async () => {
   for (const entry of index.logits.filter((e) => e.image.endsWith('.png'))) {
     const r = await vits[entry.precision].classify(path.join(IMAGES, entry.image), { topK: 5 });

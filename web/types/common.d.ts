@@ -356,6 +356,9 @@ export interface Info {
   modelBytes: number | null;
   downloadMs: number;
   sessionMs: number;
+  /** Whether run() / runAll() take a batch's images one at a time: dynamic int8 quantises
+   * activations per tensor, coupling a batch's images (Python's ViTSession.split_batches). */
+  splitBatches: boolean;
 }
 
 export interface Timings {
@@ -400,7 +403,8 @@ export interface ViTMethods<Image> {
   readonly outputNames: string[];
   /** Raw logits (or a backbone's first output) for normalised pixels, dims [B, 3, H, W]. */
   run(data: Float32Array, dims: number[]): Promise<Float32Array>;
-  /** Every output, or those named in `only`. */
+  /** Every output, or those named in `only`. A batch of dynamic int8 runs one image at a time
+   * (info.splitBatches), as Python's ViTSession: each image's outputs are its own. */
   runAll(data: Float32Array, dims: number[], only?: string[] | null): Promise<Record<string, Output>>;
   /** The model input for an image (the manifest's preprocessing, with overrides). */
   pixels(image: Image, overrides?: PreprocessOverrides): Promise<Tensor4>;

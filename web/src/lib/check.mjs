@@ -105,8 +105,9 @@ export function compare(got, ref, precision, { rows = 1 } = {}) {
       refMax = Math.max(refMax, Math.abs(b));
       ab += a * b; aa += a * a; bb += b * b;
     }
-    // identical vectors (zeros included) agree; a zero vector against a non-zero one does not
-    const cos = aa === 0 && bb === 0 ? 1 : ab / Math.sqrt(aa * bb);
+    // identical vectors (zeros included) agree; a zero vector against a non-zero one does
+    // not: cosine 0, as Python's parity.metrics
+    const cos = aa === 0 || bb === 0 ? Number(aa === bb) : ab / Math.sqrt(aa * bb);
     cosine = cos < cosine || Number.isNaN(cos) ? cos : cosine;
   }
   const absTol = policy === 'fp32' ? FP32_ABS_TOL * Math.max(1, refMax) : null;
@@ -162,7 +163,10 @@ function stored(bytes, { offset, shape }) {
 
 /**
  * The check report of a loaded ViT (`vit`) against `references` (the manifest's, read) and
- * their bytes: every case × declared output; `latencyRuns` timed runs of the first case.
+ * their bytes: every case × declared output, as Python's `check --reference bundle`: max |Δ|
+ * over the batch, the cosine of its worst image (a bad image cannot hide behind a good one);
+ * `vit.runAll` runs a dynamic-int8 batch image by image, as Python. `latencyRuns` timed runs
+ * of the first case.
  */
 export async function checkReport(vit, references, bytes, { latencyRuns = 0, device, bundle }) {
   checkRuns(latencyRuns);
@@ -175,7 +179,7 @@ export async function checkReport(vit, references, bytes, { latencyRuns = 0, dev
     for (const name of names) {
       cases.push({ label: c.name, provider: info.provider, precision,
         resolution: [c.shape[2], c.shape[3]], batch: c.shape[0], output: name,
-        ...compare(outputs[name].data, stored(bytes, c.outputs[name]), precision) });
+        ...compare(outputs[name].data, stored(bytes, c.outputs[name]), precision, { rows: c.shape[0] }) });
     }
   }
   const latency = [];

@@ -6,7 +6,7 @@ import {
   METADATA_CONFIG_KEY, PATCH_TOKENS, show, WEB_RECORD,
 } from './common.mjs';
 import { decodeImage } from './decode.mjs';
-import { bundleFile, int8Warning, readManifest } from './manifest.mjs';
+import { bundleFile, int8Recipe, int8Warning, readManifest } from './manifest.mjs';
 import { Preprocess } from './preprocess.mjs';
 import { labelsMismatch, requireFinite, topK } from './results.mjs';
 
@@ -58,8 +58,8 @@ export class ViT {
     if (typeof allowLarge !== 'boolean') throw new Error(`allowLarge must be true or false, got ${show(allowLarge)}`);
     const base = bundleURL(source, platform);
     const t0 = performance.now();
-    const manifest = readManifest(await readJSON(platform, new URL('manifest.json', base), 'manifest'),
-      `manifest ${new URL('manifest.json', base).href}`);
+    const raw = await readJSON(platform, new URL('manifest.json', base), 'manifest');
+    const manifest = readManifest(raw, `manifest ${new URL('manifest.json', base).href}`);
     const web = await readJSON(platform, new URL(WEB_RECORD, base), 'web record', { optional: true }) ?? {};
     const file = Object.hasOwn(manifest.models, precision) ? manifest.models[precision] : null;
     if (typeof file !== 'string') {
@@ -130,6 +130,9 @@ export class ViT {
       modelBytes: inputs.downloaded || null,
       downloadMs: tFetched - t0,
       sessionMs: performance.now() - tFetched,
+      // dynamic int8 quantises activations per tensor, coupling a batch's images: run them
+      // one at a time (Python's Manifest.batch_coupled, ViTSession.split_batches)
+      splitBatches: int8Recipe(raw, precision)?.kind === 'dynamic',
     };
     return new this({ ort, session, manifest, info, precision, url: base.href, allowLarge,
       preprocess: Preprocess.fromManifest(manifest) });
@@ -190,7 +193,8 @@ export class ViT {
 
   /**
    * Outputs for normalised pixels (as `run`): { name: { data: Float32Array, dims } }, every
-   * output or those named in `only`.
+   * output or those named in `only`. A batch of dynamic int8 (info.splitBatches) runs one
+   * image at a time, as Python's ViTSession.run_all: each image's outputs are its own.
    */
   async runAll(data, dims, only = null) {
     if (!(data instanceof Float32Array)) throw new Error(`run() takes a Float32Array, got ${data?.constructor?.name}`);
@@ -199,9 +203,27 @@ export class ViT {
       throw new Error(`run() takes dims [batch, 3, height, width] matching data's ${data.length} values, got ${show(dims)}`);
     }
     this.#live();
-    await this.#checkSize(dims[2], dims[3], dims[0]);
+    const [B] = dims;
+    const split = this.info.splitBatches && B > 1;
+    await this.#checkSize(dims[2], dims[3], split ? 1 : B);
     const names = only ?? this.outputNames;
     for (const name of names) this.#requireOutput(name);
+    if (!split) return this.#runBatch(data, dims, names);
+    const per = data.length / B;
+    const parts = [];
+    for (let b = 0; b < B; b++) {
+      parts.push(await this.#runBatch(data.slice(b * per, (b + 1) * per), [1, ...dims.slice(1)], names));
+    }
+    return Object.fromEntries(names.map((name) => { // the images' rows, one after another
+      const n = parts[0][name].data.length;
+      const out = new Float32Array(B * n);
+      parts.forEach((p, b) => out.set(p[name].data, b * n));
+      return [name, { data: out, dims: [B, ...parts[0][name].dims.slice(1)] }];
+    }));
+  }
+
+  /** One session run of a batch (`names` checked): every output batch-first. */
+  async #runBatch(data, dims, names) {
     const input = new this.ort.Tensor('float32', data, dims);
     const outputs = await this.#live().run({ [this.manifest.input]: input }, names);
     const result = {};
