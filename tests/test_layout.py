@@ -219,6 +219,20 @@ def test_no_module_is_over_400_lines_but_the_listed_ones_and_they_do_not_grow():
     assert new_or_grown == {}
 
 
+WEB_SRC = PACKAGE.parent / "web" / "src"
+
+
+def test_no_web_module_is_over_400_lines():
+    """The same rule for the JavaScript runtime: every module under web/src/ (index.html is
+    a page, not a module)."""
+    sizes = {str(p.relative_to(WEB_SRC)): len(p.read_text(encoding="utf-8").splitlines())
+             for p in sorted(WEB_SRC.rglob("*.mjs"))}
+    assert {"vit-deploy.mjs", "lib/vit.mjs", "lib/onnx-metadata.mjs"} <= set(sizes)  # not vacuous
+    over = {f"web/src/{name}": f"{n} lines, allowed {MAX_LINES}" for name, n in sizes.items()
+            if n > MAX_LINES}
+    assert over == {}, over
+
+
 def test_the_checkpoint_package_keeps_small_modules_and_names_each_in_the_layout():
     """vit_deploy/export/checkpoints/: no module over 300 lines (a family is a module of its
     own), every one of them described in docs/layout.md."""
