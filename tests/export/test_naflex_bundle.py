@@ -130,6 +130,18 @@ def test_quantize_int8_then_check(bundle, tmp_path):
     assert r.exit_code == 2 and "NaFlex" in r.output
 
 
+@pytest.mark.parametrize("flags", [["--eval-set", "digits"], ["--max-drop", "0.01"],
+                                   ["--smooth", "0.5"], ["--calib", "photos"],
+                                   ["--eval", "photos", "--float-head"]], ids=str)
+def test_quantize_flags_a_naflex_bundle_cannot_apply_are_refused(bundle, flags):
+    """Not silently ignored (they were: accuracy '-', the photographs judged instead)."""
+    before = sorted(p.name for p in bundle.iterdir())
+    r = CliRunner().invoke(main, ["quantize", str(bundle), "--precision", "int8", *flags])
+    assert r.exit_code == 2 and "not applied to a SigLIP 2 NaFlex bundle" in r.output
+    assert " ".join(f for f in flags if f.startswith("--")) in r.output
+    assert "Traceback" not in r.output and sorted(p.name for p in bundle.iterdir()) == before
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--res", "224"], "--res cannot apply"),
     (["--static", "--layers", "1"], "--static, --layers cannot apply"),

@@ -51,6 +51,17 @@ def add_precisions(bundle: Path, precisions: tuple[str, ...], *, force: bool, qu
     from vit_deploy.quantize import QuantOptions
     from vit_deploy.runtime.manifest import load_manifest
 
+    if load_manifest(bundle, verify=False).naflex:  # never silently ignored
+        given = [flag for flag, value, default in (
+            ("--calib", calib, None), ("--eval", eval_images, None), ("--smooth", smooth, "auto"),
+            ("--max-drop", max_drop, None), ("--eval-set", eval_set, None),
+            ("--calib-method", calib_method, "minmax"), ("--calib-samples", calib_samples, 64),
+            ("--float-head", float_head, False)) if value != default]
+        if given:
+            fail(2, f"{' '.join(given)}: not applied to a SigLIP 2 NaFlex bundle: its int8 is "
+                    f"dynamic (no calibration images, no smoothing), it has no classifier "
+                    f"head, and it is judged on the shipped photographs at their own aspect "
+                    f"ratios; leave {'it' if len(given) == 1 else 'them'} out")
     quant = QuantOptions(exclude=tuple(e.strip() for e in exclude.split(",") if e.strip()),
                          calibration=calib_method, block_size=block_size, head=not float_head,
                          cpu=int8_cpu)
