@@ -233,9 +233,9 @@ def test_quantize_cli_records_the_cpus_and_info_says_so(tiny_bundle, tmp_path, m
     monkeypatch.undo()  # this CPU as it is
     quantised = []
 
-    def spy(src, dst, *, precision, options, calibration=None):
+    def spy(src, dst, *, precision, options, calibration=None, **kw):
         done = quantize_model(src, dst, precision=precision, options=options,
-                              calibration=calibration)
+                              calibration=calibration, **kw)
         weights = _int8_weights(Path(dst))
         quantised.append((options.cpu, max(int(np.abs(w.astype(np.int32)).max()) for w in weights),
                           options.smooth, calibration is not None))

@@ -271,22 +271,3 @@ def test_fp16_of_an_unsimplified_export_with_shared_initializers(make_tiny, tmp_
     fp16 = onnx.load(str(out / "model.fp16.onnx"))
     outputs = [o for n in fp16.graph.node for o in n.output]
     assert len(outputs) == len(set(outputs))
-
-
-def test_choosing_the_smoothing_takes_the_float_statistics_once(fp32_bundle, tmp_path,
-                                                                monkeypatch):
-    """`--smooth auto` quantises the model once per candidate alpha and once for the file;
-    the per-channel statistics they fold (a full float pass over the calibration images)
-    do not depend on alpha and are taken once per precision, not per candidate."""
-    import vit_deploy.smooth as smooth
-
-    bundle = tmp_path / "b"
-    shutil.copytree(fp32_bundle, bundle)
-    calls = []
-    real = smooth.channel_absmax
-    monkeypatch.setattr(smooth, "channel_absmax",
-                        lambda *a, **k: calls.append(1) or real(*a, **k))
-    monkeypatch.setattr(smooth, "_last", None)
-    [r] = add_precisions(bundle, ["int8"], options=PrecisionOptions(smooth="auto"))
-    assert r.passed and len(calls) == 1
-    assert set(r.recipe["smoothing"]["chosen_on"]["scores"]) == {"none", "0.5", "0.75"}

@@ -5,18 +5,25 @@ asked, at every size the bundle is judged at. Torch-free.
 
 from __future__ import annotations
 
+import os
+import tempfile
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 
 from vit_deploy.parity import ParityReport, compare, sample_inputs
 from vit_deploy.photo_eval import EvalImages, PhotoCase, digits_images, judge_photos, resolve
 from vit_deploy.runtime.manifest import Manifest
+from vit_deploy.runtime.providers import captured_stderr
 from vit_deploy.runtime.session import ViTSession
 
-PHOTO_BATCH = 8  # real images per run (memory at large sizes)
+PHOTO_BATCH = 2  # real images per run (memory at large sizes: ViT-B/16 at 448, batch 8 held 4 GB)
 
 
 class Evaluator:
@@ -51,7 +58,10 @@ class Evaluator:
         self._calib_refs: dict[int, list[dict[str, np.ndarray]]] = {}
         with ViTSession(self.reference) as s:  # one fp32 session for every reference
             self.refs = [s.run_all(x) for x in self.inputs]  # every output is judged
+            _run_batched(s, self.photo_inputs[0][:1])  # warm: the timings compare like runs
+            start = time.perf_counter()
             self.photo_refs = [_run_batched(s, x) for x in self.photo_inputs]
+            self.fp32_seconds = time.perf_counter() - start
             if self.digits is not None:
                 self.fp32_pred = s.run(self.digits[0]).argmax(1)
 
@@ -62,27 +72,33 @@ class Evaluator:
                                               precision=precision, provider="cpu"))
 
     def photos(self, path: Path, precision: str) -> list[PhotoCase]:
-        """On the real images, at every size the evaluator measures."""
+        """On the real images, at every size the evaluator measures; `last_seconds` is how
+        long the candidate took on them (fp32: `fp32_seconds`, the same runs)."""
         with ViTSession(path) as s:
-            return [case for hw, x, ref in zip(self.resolutions, self.photo_inputs,
-                                               self.photo_refs)
-                    for case in judge_photos(ref, _run_batched(s, x), resolution=hw,
-                                             precision=precision)]
+            _run_batched(s, self.photo_inputs[0][:1])
+            start = time.perf_counter()
+            outs = [_run_batched(s, x) for x in self.photo_inputs]
+            self.last_seconds = time.perf_counter() - start
+        return [case for hw, ref, out in zip(self.resolutions, self.photo_refs, outs)
+                for case in judge_photos(ref, out, resolution=hw, precision=precision)]
 
-    def calibration_score(self, path: Path, calibration: Sequence[np.ndarray]) -> float:
-        """The worst per-image cosine to fp32, over every output, on the calibration
-        images (what smoothing is chosen on: the judging images stay held out)."""
+    def calibration_refs(self, calibration: Sequence[np.ndarray]) -> list[dict[str, np.ndarray]]:
+        """fp32's outputs on the calibration batches (computed once, image by image)."""
         key = id(calibration)
         if key not in self._calib_refs:
             with ViTSession(self.reference) as s:
-                self._calib_refs[key] = [s.run_all(x) for x in calibration]
-        worst = 1.0
+                self._calib_refs[key] = [_run_batched(s, x, 1) for x in calibration]
+        return self._calib_refs[key]
+
+    def calibration_score(self, path: Path, calibration: Sequence[np.ndarray]) -> Score:
+        """How a candidate agrees with fp32 on the calibration images (what the recipe
+        search and smoothing are chosen on: the judging images stay held out)."""
+        cases = []
         with ViTSession(path) as s:
-            for x, ref in zip(calibration, self._calib_refs[key]):
-                for case in judge_photos(ref, s.run_all(x), resolution=x.shape[2:],
-                                         precision="int8"):
-                    worst = min(worst, case.cosine_min)
-        return worst
+            for x, ref in zip(calibration, self.calibration_refs(calibration)):
+                cases += judge_photos(ref, _run_batched(s, x), resolution=x.shape[2:],
+                                      precision="int8")
+        return Score.of(cases)
 
     def accuracy(self, path: Path) -> dict[str, float] | None:
         if self.digits is None:
@@ -117,8 +133,36 @@ def judged_resolutions(manifest: Manifest) -> list[tuple[int, int]]:
     return [native, other]
 
 
-def _run_batched(session: ViTSession, x: np.ndarray) -> dict[str, np.ndarray]:
-    parts = [session.run_all(x[i:i + PHOTO_BATCH]) for i in range(0, len(x), PHOTO_BATCH)]
+@dataclass(frozen=True)
+class Score:
+    """A candidate's agreement with fp32 on a set of images: the worst per-image cosine
+    (each output whole; a patch grid as one vector) and the worst 1st percentile of
+    per-token cosine, over every size and output."""
+
+    worst: float
+    token_p1: float | None
+
+    @classmethod
+    def of(cls, cases: Sequence[PhotoCase]) -> Score:
+        tokens = [c.token_cosine_p1 for c in cases if c.token_cosine_p1 is not None]
+        return cls(min(c.cosine_min for c in cases), min(tokens) if tokens else None)
+
+    def meets(self, target: Score) -> bool:
+        return self.worst >= target.worst and (
+            target.token_p1 is None or self.token_p1 is None or self.token_p1 >= target.token_p1)
+
+    def __str__(self) -> str:
+        return f"worst {self.worst:.5f}" + (f", tokens p1 {self.token_p1:.5f}"
+                                             if self.token_p1 is not None else "")
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {"worst": round(self.worst, 6),
+                "token_p1": None if self.token_p1 is None else round(self.token_p1, 6)}
+
+
+def _run_batched(session: ViTSession, x: np.ndarray,
+                 batch: int = PHOTO_BATCH) -> dict[str, np.ndarray]:
+    parts = [session.run_all(x[i:i + batch]) for i in range(0, len(x), batch)]
     return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
 
@@ -154,3 +198,21 @@ def calibration_batches(manifest: Manifest, source: str | Path | Sequence[Path] 
         x = np.stack([pre(image) for image in images])
         batches += [x[i:i + batch] for i in range(0, len(x), batch)]
     return batches
+
+
+def ort_kernels(path: Path) -> dict[str, Any]:
+    """What ONNX Runtime's CPU provider makes of the file: op counts after its own
+    optimisation, and how many Cast nodes it had to insert."""
+    with tempfile.TemporaryDirectory() as tmp:
+        so = ort.SessionOptions()
+        so.optimized_model_filepath = os.path.join(tmp, "opt.onnx")
+        with captured_stderr():  # ORT warns that NCHWc graphs are machine-specific: we know
+            ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        optimised = onnx.load(so.optimized_model_filepath)
+    source = onnx.load(str(path))
+    ops: dict[str, int] = {}
+    for n in optimised.graph.node:
+        ops[n.op_type] = ops.get(n.op_type, 0) + 1
+    casts = sum(n.op_type == "Cast" for n in source.graph.node)
+    return {"provider": "cpu", "optimised_ops": dict(sorted(ops.items())),
+            "inserted_casts": max(0, ops.get("Cast", 0) - casts)}

@@ -145,7 +145,7 @@ class PhotoCase:
     cosine_min: float  # per image, the whole output (for patch tokens: the whole grid)
     cosine_median: float
     max_abs: float
-    token_cosine_min: float | None  # per token, outputs with a token axis (B, N, D)
+    token_cosine_min: float | None  # per token: outputs (B, N, D) and grids (B, D, gh, gw)
     token_cosine_p1: float | None  # 1st percentile of the per-token cosine
     token_cosine_median: float | None
     top1_agree: float | None  # logits of a classifier: same arg-max as fp32
@@ -181,6 +181,8 @@ def judge_photos(ref: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray], *
         tokens = None
         if r.ndim == 3 and r.shape[1] > 1:  # (B, N, D): each token on its own
             tokens = _cosines(r64.reshape(-1, r.shape[-1]), o64.reshape(-1, o.shape[-1]))
+        elif r.ndim == 4 and r.shape[2] * r.shape[3] > 1:  # a patch grid (B, D, gh, gw)
+            tokens = _cosines(*(np.moveaxis(t, 1, -1).reshape(-1, r.shape[1]) for t in (r64, o64)))
         top1 = None
         if name == LOGITS_NAME and r.ndim == 2 and r.shape[1] > 1:
             top1 = float((r.argmax(1) == o.argmax(1)).mean())

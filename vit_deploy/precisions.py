@@ -7,9 +7,7 @@ checked against PyTorch under the fp32 policy.
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,20 +15,19 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 
 from vit_deploy.runtime.files import link_or_copy
 from vit_deploy.runtime.swap import staging_directory, writer_lock
 from vit_deploy.atomic import atomic_directory
 from vit_deploy.runtime.contract import ACCURACY_MAX_DROP, PRECISION_FILES, PRECISIONS, model_role, tolerance_class
 from vit_deploy.parity import ParityReport
-from vit_deploy.evaluate import PHOTO_BATCH, Evaluator, calibration_batches
+from vit_deploy.evaluate import PHOTO_BATCH, Evaluator, calibration_batches, ort_kernels
 from vit_deploy.photo_eval import EvalImages, PhotoCase, layer_costs
 from vit_deploy.progress import Progress, silent
 from vit_deploy.quantize import QuantOptions, quantisable_layers, quantize_model
+from vit_deploy.search import search, search_notes
 from vit_deploy.runtime.manifest import Manifest, load_manifest
 from vit_deploy.runtime.manifest_parts import FileEntry
-from vit_deploy.runtime.providers import captured_stderr
 from vit_deploy.runtime.sizes import format_resolution
 
 # The kernels ONNX Runtime's CPU provider must run, one per quantised layer (else some
@@ -38,7 +35,8 @@ from vit_deploy.runtime.sizes import format_resolution
 EXPECTED_KERNELS = {"int8": ("DynamicQuantizeMatMul",), "int4": ("MatMulNBits",),
                     "int8-static": ("MatMulIntegerToFloat", "QLinearMatMul", "QGemm")}
 EVAL_SETS = ("digits",)  # labelled held-out sets shipped with the package
-# The smoothing strengths `--smooth auto` tries (None: unsmoothed), on the calibration images
+# The smoothing strengths `--smooth auto` tries with --max-drop (None: unsmoothed), on the
+# calibration images; without it the recipe search (search.py) chooses
 SMOOTH_ALPHAS = (None, 0.5, 0.75)
 
 
@@ -195,7 +193,11 @@ def _add_precisions(bundle: Path, precisions: Sequence[str], *, options: Precisi
             log(f"{precision}: quantising")
             quant = options.quant
             scores: dict[str, float] = {}
-            if precision.startswith("int8") and options.smooth is not None:
+            searched: dict[str, Any] = {}
+            if precision.startswith("int8") and options.max_drop is None:
+                quant, searched = search(evaluator, precision, quant, calibration, Path(tmp),
+                                         smooth=options.smooth, progress=log)
+            elif precision.startswith("int8") and options.smooth is not None:
                 quant, scores = choose_smoothing(evaluator, precision, quant, calibration,
                                                  options.smooth, Path(tmp), log)
             ranking: list[dict[str, Any]] = []
@@ -204,7 +206,7 @@ def _add_precisions(bundle: Path, precisions: Sequence[str], *, options: Precisi
                                                    options.max_drop, Path(tmp), log)
             dst = Path(tmp) / PRECISION_FILES[precision]
             q = quantize_model(evaluator.reference, dst, precision=precision, options=quant,
-                               calibration=calibration)
+                               calibration=calibration, progress=log)
             if precision.startswith("int8"):
                 q.recipe["calibration_source"] = options.calibration_source
             if scores:
@@ -212,6 +214,9 @@ def _add_precisions(bundle: Path, precisions: Sequence[str], *, options: Precisi
                     "images": int(sum(len(c) for c in calibration or [])),
                     "metric": "worst per-image cosine to fp32 on the calibration images",
                     "scores": scores}
+            if searched:
+                q.recipe["search"] = searched
+                q.recipe.setdefault("smoothing", {"alpha": None})["chosen_by"] = "recipe search"
             if ranking:
                 q.recipe["sensitivity"] = {"max_drop": options.max_drop, "metric":
                                            "accuracy points" if evaluator.digits is not None
@@ -262,7 +267,7 @@ def choose_smoothing(evaluator: Evaluator, precision: str, quant: QuantOptions,
         path = tmp / f"probe.smooth.{precision}.onnx"
         quantize_model(evaluator.reference, path, precision=precision, calibration=calibration,
                        options=dataclasses.replace(quant, smooth=alpha, calibration="minmax"))
-        score = evaluator.calibration_score(path, calibration)
+        score = evaluator.calibration_score(path, calibration).worst
         scores["none" if alpha is None else str(alpha)] = round(score, 6)
         if score > best_score + 1e-6:
             best, best_score = alpha, score
@@ -342,6 +347,7 @@ def _measure(evaluator: Evaluator, path: Path, precision: str,
         notes.append(f"held-out accuracy {accuracy['top1']}% is {accuracy['drop']} points under "
                      f"fp32 ({accuracy['fp32_top1']}%), over the {limit}-point limit")
     runtime = ort_kernels(path)
+    notes += search_notes(evaluator, recipe, runtime)
     kernels = EXPECTED_KERNELS.get(precision)
     n_quant = len(recipe.get("quantised_layers", []))
     if kernels:
@@ -360,24 +366,6 @@ def _measure(evaluator: Evaluator, path: Path, precision: str,
     return PrecisionResult(precision, PRECISION_FILES[precision], passed, recipe, parity,
                            accuracy, runtime, notes, size=path.stat().st_size, photos=photos,
                            judged_on=evaluator.images.source, layer_costs=costs)
-
-
-def ort_kernels(path: Path) -> dict[str, Any]:
-    """What ONNX Runtime's CPU provider makes of the file: op counts after its own
-    optimisation, and how many Cast nodes it had to insert."""
-    with tempfile.TemporaryDirectory() as tmp:
-        so = ort.SessionOptions()
-        so.optimized_model_filepath = os.path.join(tmp, "opt.onnx")
-        with captured_stderr():  # ORT warns that NCHWc graphs are machine-specific: we know
-            ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-        optimised = onnx.load(so.optimized_model_filepath)
-    source = onnx.load(str(path))
-    ops: dict[str, int] = {}
-    for n in optimised.graph.node:
-        ops[n.op_type] = ops.get(n.op_type, 0) + 1
-    casts = sum(n.op_type == "Cast" for n in source.graph.node)
-    return {"provider": "cpu", "optimised_ops": dict(sorted(ops.items())),
-            "inserted_casts": max(0, ops.get("Cast", 0) - casts)}
 
 
 def _rewrite(bundle: Path, manifest: Manifest, results: list[PrecisionResult],

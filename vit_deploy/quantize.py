@@ -22,16 +22,13 @@ import numpy as np
 import onnx
 
 from vit_deploy.fusions import fuse_for_cpu
+from vit_deploy.progress import Progress, silent
 from vit_deploy.runtime.files import write_bytes_atomic
 from vit_deploy.runtime.errors import FAILED, VitDeployError
-from vit_deploy.runtime.contract import INPUT_NAME, IR_VERSION, METADATA_LINEARS_KEY, PRECISIONS
+from vit_deploy.runtime.contract import IR_VERSION, METADATA_LINEARS_KEY, PRECISIONS
 from vit_deploy.runtime.cpu import ANY_CPU, INT8_CPUS, REQUIREMENT_TEXT
 from vit_deploy.runtime.recipe import CALIBRATION_METHODS, INT8_KINDS, Int8Recipe
 
-# Entropy calibration's histogram: 512 bins searched for the 128-bin quantisation with the
-# least KL divergence (ORT's search runs in Python: 2048 bins took 60 s on a 2-block test
-# model, 512 take 3 s)
-ENTROPY_BINS = 512
 FP16_KEEP_FP32 = ("LayerNormalization", "Softmax", "Resize")  # overflow / precision-sensitive
 
 
@@ -139,8 +136,10 @@ def quantisable_layers(model: onnx.ModelProto, *, head: bool = False) -> dict[st
 
 def quantize_model(src: str | Path, dst: str | Path, *, precision: str,
                    options: QuantOptions = QuantOptions(),
-                   calibration: Sequence[np.ndarray] | None = None) -> QuantResult:
-    """Write `precision` of the fp32 model `src` to `dst` (atomically)."""
+                   calibration: Sequence[np.ndarray] | None = None,
+                   progress: Progress = silent) -> QuantResult:
+    """Write `precision` of the fp32 model `src` to `dst` (atomically). Calibration and
+    smoothing statistics are streamed image by image (calibrate.py)."""
     if precision not in PRECISIONS or precision == "fp32":
         raise ValueError(f"precision must be one of {[p for p in PRECISIONS if p != 'fp32']}, "
                          f"got {precision!r}")
@@ -184,7 +183,8 @@ def quantize_model(src: str | Path, dst: str | Path, *, precision: str,
         elif precision == "int8-static":
             if not calibration:
                 raise ValueError("int8-static needs calibration images (--calib)")
-            _int8_static(src_tmp, out_tmp, list(chosen.values()), options, calibration)
+            _int8_static(src_tmp, out_tmp, list(chosen.values()), options, calibration,
+                         progress)
             recipe.update(weights=_weights_text(options), activations="int8",
                           cpu_needs=REQUIREMENT_TEXT[options.cpu], quantised_outputs=False,
                           calibration_images=int(sum(len(c) for c in calibration)))
@@ -271,14 +271,6 @@ def _int8_dynamic(src: Path, dst: Path, nodes: list[str], options: QuantOptions)
                          extra_options={"MatMulConstBOnly": True})
 
 
-class _Reader:
-    def __init__(self, batches: Iterable[np.ndarray]):
-        self._it = iter([{INPUT_NAME: np.ascontiguousarray(b, np.float32)} for b in batches])
-
-    def get_next(self) -> dict[str, np.ndarray] | None:
-        return next(self._it, None)
-
-
 @contextlib.contextmanager
 def _quiet_quantizer() -> Iterator[None]:
     """ORT's quantisers talk: advice on the root logger ('consider pre-processing': the
@@ -300,13 +292,20 @@ def _quiet_quantizer() -> Iterator[None]:
 
 
 def _int8_static(src: Path, dst: Path, nodes: list[str], options: QuantOptions,
-                 calibration: Sequence[np.ndarray]) -> None:
+                 calibration: Sequence[np.ndarray], progress: Progress = silent) -> None:
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    from vit_deploy.calibrate import activation_ranges, write_cache
 
     if not nodes:
         raise ValueError("every linear layer is excluded: nothing to quantise")
-    method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
-              "percentile": CalibrationMethod.Percentile}[options.calibration]
+    # The activation ranges, streamed image by image (calibrate.py): ORT's own calibrator
+    # keeps every intermediate of every image until the end (a trained DINOv2-S at 224 was
+    # killed at 24 GB) and reads every MatMul's tensors, attention maps included. Given as
+    # ORT's calibration cache, quantize_static runs no calibrator of its own.
+    ranges = activation_ranges(onnx.load(str(src)), nodes, calibration,
+                               method=options.calibration, percentile=options.percentile,
+                               progress=progress)
     # Only the inputs of the linear layers are quantised, not their outputs: ONNX Runtime then
     # fuses Q -> DQ -> MatMul into MatMulIntegerToFloat for every layer. With quantised
     # outputs it made QLinearMatMul of 37 of ViT-B/16's 49 and left 12 (the fc1 layers) as
@@ -314,42 +313,14 @@ def _int8_static(src: Path, dst: Path, nodes: list[str], options: QuantOptions,
     # than dynamic int8 (docs/cpu-speed.md).
     extra: dict[str, Any] = {"MatMulConstBOnly": True,
                              "OpTypesToExcludeOutputQuantization": ["MatMul"]}
-    with _quiet_quantizer():
-        if options.calibration != "minmax":
-            # quantize_static does not pass a histogram size to its calibrators: entropy ran
-            # with 128 bins for 128 quantised bins, leaving one candidate threshold, the
-            # whole range, so its file was byte-identical to minmax's. The ranges come from
-            # ORT's own calibrator, given the bins (TensorRT's 2048 / 128), as overrides.
-            extra["TensorQuantOverrides"] = _calibrated_ranges(src, calibration, method,
-                                                               options)
-            method = CalibrationMethod.MinMax  # only for tensors without an override
-        quantize_static(str(src), str(dst), _Reader(calibration), quant_format=QuantFormat.QDQ,
+    with tempfile.TemporaryDirectory() as tmp, _quiet_quantizer():
+        cache = write_cache(ranges, Path(tmp) / "ranges.json")
+        quantize_static(str(src), str(dst), None, quant_format=QuantFormat.QDQ,
                         op_types_to_quantize=["MatMul", "Gemm"], nodes_to_quantize=nodes,
                         per_channel=options.per_channel, reduce_range=options.reduce_range,
                         activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-                        calibrate_method=method, extra_options=extra,
-                        calibration_providers=["CPUExecutionProvider"])
-
-
-def _calibrated_ranges(src: Path, calibration: Sequence[np.ndarray], method: Any,
-                       options: QuantOptions) -> dict[str, list[dict[str, np.float32]]]:
-    """{tensor: [{rmin, rmax}]} from ORT's histogram calibrator for `method`."""
-    from onnxruntime.quantization.calibrate import create_calibrator
-
-    extra = ({"num_bins": ENTROPY_BINS, "num_quantized_bins": 128} if options.calibration == "entropy"
-             else {"num_bins": 2048, "percentile": options.percentile})
-    with tempfile.TemporaryDirectory() as tmp:
-        calibrator = create_calibrator(src, ["MatMul", "Gemm"],
-                                       augmented_model_path=str(Path(tmp) / "augmented.onnx"),
-                                       calibrate_method=method, extra_options=extra,
-                                       providers=["CPUExecutionProvider"])
-        for batch in calibration:  # one image a call: ORT's histogram collector needs equal
-            for i in range(len(batch)):  # shapes and keeps every output of a call in memory
-                calibrator.collect_data(_Reader([batch[i:i + 1]]))
-        ranges = calibrator.compute_data()
-        del calibrator  # its session holds the augmented file
-    return {name: [{"rmin": np.float32(data.range_value[0]), "rmax": np.float32(data.range_value[1])}]
-            for name, data in ranges.data.items()}
+                        calibrate_method=CalibrationMethod.MinMax, extra_options=extra,
+                        calibration_cache_path=str(cache))
 
 
 def _int4(model: onnx.ModelProto, dst: Path, nodes: list[str], options: QuantOptions) -> None:

@@ -65,16 +65,18 @@ def smoothable(model: onnx.ModelProto, linears: Sequence[str]) -> list[SmoothPai
 
 def channel_absmax(model: onnx.ModelProto, pairs: Sequence[SmoothPair],
                    batches: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
-    """max |x| per channel (last axis) of each pair's LayerNorm output over `batches`."""
-    from vit_deploy.ort_tools import tensor_probe
+    """max |x| per channel (last axis) of each pair's LayerNorm output over `batches`,
+    streamed image by image (calibrate.py: one image's activations in memory at a time)."""
+    from vit_deploy.calibrate import stream
 
-    names = [p.activation for p in pairs]
-    probe = tensor_probe(model, names)
     absmax: dict[str, np.ndarray] = {}
-    for x in batches:
-        for name, value in probe(x).items():
+
+    def add(_outputs: dict[str, np.ndarray], tensors: dict[str, np.ndarray]) -> None:
+        for name, value in tensors.items():
             m = np.abs(value).reshape(-1, value.shape[-1]).max(axis=0)
             absmax[name] = np.maximum(absmax[name], m) if name in absmax else m
+
+    stream(model, [p.activation for p in pairs], batches, add)
     return absmax
 
 
