@@ -17,7 +17,6 @@ images by the caller (precisions.py).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,12 +150,10 @@ def _statistics(model: onnx.ModelProto, pairs: Sequence[SmoothPair],
     the same model on the same images once per candidate and once more for the file, and
     the statistics (a full float pass; a minute for ViT-B/16 at 448 on 2 cores) do not
     depend on alpha."""
+    from vit_deploy.calibrate import _key
+
     global _last
-    digest = hashlib.sha256(model.SerializeToString())
-    for b in batches:
-        digest.update(repr((b.shape, str(b.dtype))).encode())
-        digest.update(np.ascontiguousarray(b).data)
-    key = (digest.hexdigest(), tuple((p.norm, p.linears) for p in pairs))
+    key = _key(model, batches, tuple((p.norm, p.linears) for p in pairs))
     if _last is None or _last[0] != key:
         _last = (key, channel_absmax(model, pairs, batches))
     return _last[1]
