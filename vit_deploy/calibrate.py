@@ -141,21 +141,39 @@ def activation_ranges(model: onnx.ModelProto, nodes: Sequence[str],
     inputs of every linear layer are measured and remembered for the last (model, images,
     method): the recipe search quantises one model with other layers kept float, and the
     ranges do not depend on which."""
-    global _last
-    key = _key(model, batches, method, percentile)
-    if _last is None or _last[0] != key:
-        _last = None  # the old statistics go before the new ones are gathered
+    def gather() -> dict[str, tuple[float, float]]:
         ranges = Ranges(method=method, percentile=percentile)
         names = linear_inputs(model, linear_nodes(model))
         stream(model, names, batches,
                lambda out, t: ranges.add({**t, **{k: v for k, v in out.items() if k in names}}),
                what=f"calibrating ({method})", progress=progress)
-        _last = (key, ranges.result())
-    wanted = linear_inputs(model, nodes)
-    return {n: _last[1][n] for n in wanted}
+        return ranges.result()
+
+    found = _ranges.get(_key(model, batches, method, percentile), gather)
+    return {n: found[n] for n in linear_inputs(model, nodes)}
 
 
-_last: tuple[str, dict[str, tuple[float, float]]] | None = None
+class Memo:
+    """The statistics of the last `size` (model, images) keys: the recipe search fits its
+    candidates on half the calibration images and the file on all of them, for int8 and
+    int8-static alike, and each statistic is a full float pass (a minute for ViT-B/16 at
+    448 on 2 cores). Small: scalars or one vector per channel."""
+
+    def __init__(self, size: int = 2):
+        self.size, self.entries = size, {}
+
+    def get(self, key: str, compute: Callable[[], Any]) -> Any:
+        if key not in self.entries:
+            while len(self.entries) >= self.size:
+                self.entries.pop(next(iter(self.entries)))  # the oldest goes first
+            self.entries[key] = compute()
+        return self.entries[key]
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+
+_ranges = Memo()
 
 
 def linear_nodes(model: onnx.ModelProto) -> list[str]:

@@ -25,6 +25,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from vit_deploy.calibrate import Memo, _key
+
 
 
 @dataclass(frozen=True)
@@ -141,19 +143,13 @@ def smooth_model(src: Path | onnx.ModelProto, linears: Sequence[str],
     return out, fold(out, pairs, _statistics(out, pairs, batches), alpha)
 
 
-_last: tuple[tuple, dict[str, np.ndarray]] | None = None
+_channel_stats = Memo()
 
 
 def _statistics(model: onnx.ModelProto, pairs: Sequence[SmoothPair],
                 batches: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
-    """channel_absmax, remembered for the last (model, images): choosing alpha quantises
-    the same model on the same images once per candidate and once more for the file, and
-    the statistics (a full float pass; a minute for ViT-B/16 at 448 on 2 cores) do not
-    depend on alpha."""
-    from vit_deploy.calibrate import _key
-
-    global _last
-    key = _key(model, batches, tuple((p.norm, p.linears) for p in pairs))
-    if _last is None or _last[0] != key:
-        _last = (key, channel_absmax(model, pairs, batches))
-    return _last[1]
+    """channel_absmax, remembered (calibrate.Memo): choosing alpha quantises the same model
+    on the same images once per candidate and once more for the file, and the statistics
+    do not depend on alpha."""
+    return _channel_stats.get(_key(model, batches, tuple((p.norm, p.linears) for p in pairs)),
+                              lambda: channel_absmax(model, pairs, batches))
