@@ -121,7 +121,7 @@ def _load_engine(engine: str, bundle: Path, graphs: dict[str, str], batch: int, 
 
         return s.run, f"onnxruntime {ort.__version__} {s.providers[0]}"
     if kind == "openvino":
-        from vit_deploy.runtime.ov_session import import_openvino_quietly
+        from vit_deploy.runtime.providers import import_openvino_quietly
 
         ov = import_openvino_quietly()  # no usage event posted (docs/guarantees.md)
 

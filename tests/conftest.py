@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
+import shutil
+import stat
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -96,8 +101,68 @@ def _memo_trace(module, example, **kw):
     return onnx.load_from_string(_traces[key])  # a fresh proto: callers change theirs
 
 
+# Tests write only inside their own temporary folders, never into the user's home. What the
+# tools the suite runs would keep in HOME's XDG folders (Chromium's crash reports and dconf,
+# matplotlib's font cache, npm's logs) goes to a folder of the session's own (the workers
+# inherit it); pip's configuration stays the user's. At the end the run fails if anything
+# in the real HOME appeared or changed (its toolchains and package caches aside, which the
+# suite only reads).
+HOME = Path.home()
+HOME_UNWATCHED = {".pyenv", ".rustup", ".cargo", ".m2", ".claude", ".npm/_cacache", ".cache/pip"}
+SUITE_HOME = "VIT_DEPLOY_SUITE_XDG"
+
+
+def _home_state() -> dict[str, int]:
+    """{path under HOME: mtime in ns (0 for a folder)}, the unwatched folders left out."""
+    state: dict[str, int] = {}
+    for root, dirs, files in os.walk(HOME):
+        rel = Path(root).relative_to(HOME)
+        dirs[:] = [d for d in dirs if (rel / d).as_posix() not in HOME_UNWATCHED]
+        for name in dirs + files:
+            try:
+                st = (Path(root) / name).lstat()
+            except OSError:
+                continue
+            state[(rel / name).as_posix()] = 0 if stat.S_ISDIR(st.st_mode) else st.st_mtime_ns
+    return state
+
+
+def _own_xdg_folders(config) -> None:
+    if SUITE_HOME in os.environ:  # a worker: the controller's folders
+        return
+    top = Path(tempfile.mkdtemp(prefix="vit-deploy-suite-"))
+    os.environ[SUITE_HOME] = str(top)
+    pip_conf = Path(os.environ.get("XDG_CONFIG_HOME", HOME / ".config")) / "pip" / "pip.conf"
+    if pip_conf.is_file():
+        os.environ.setdefault("PIP_CONFIG_FILE", str(pip_conf))
+    for name in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME",
+                 "MPLCONFIGDIR", "npm_config_logs_dir"):
+        (top / name).mkdir()
+        os.environ[name] = str(top / name)
+    config.stash[_HOME_BEFORE] = _home_state()
+
+
+_HOME_BEFORE = pytest.StashKey[dict]()
+
+
 def pytest_configure(config):
     onnx_export.trace = _memo_trace  # for the whole session: fixtures of every scope
+    _own_xdg_folders(config)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    before = session.config.stash.get(_HOME_BEFORE, None)
+    if before is None:  # a worker
+        return
+    shutil.rmtree(os.environ.pop(SUITE_HOME), ignore_errors=True)
+    after = _home_state()
+    touched = sorted(p for p in after if before.get(p) != after[p])
+    if touched:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"FAILED: the suite wrote into {HOME}: {', '.join(touched[:20])}",
+                                red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture

@@ -25,6 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 STORE = Path(".cache", "Microsoft", "DeveloperTools", ".onnxruntime")
 SUPPRESSORS = ("CI", "TF_BUILD", "GITHUB_ACTIONS", "GITLAB_CI", "ORT_DISABLE_TELEMETRY",
                ORT_TELEMETRY_OPT_IN)
+# The suite's own folders (tests/conftest.py): a user's run has HOME's own
+MOVED = ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "MPLCONFIGDIR",
+         "npm_config_logs_dir", "VIT_DEPLOY_SUITE_XDG")
 PHOTO = ROOT / "vit_deploy" / "data" / "photos" / "eval-chelsea.jpg"
 
 
@@ -41,7 +44,8 @@ def _run(tmp_path: Path, argv: list[str], **extra: str) -> tuple[list[str], list
     home = tmp_path / "home"
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in SUPPRESSORS} | {"HOME": str(home)}
+    env = {k: v for k, v in os.environ.items() if k not in SUPPRESSORS + MOVED} | {
+        "HOME": str(home)}
     trace = tmp_path / "connect.txt"
     strace = shutil.which("strace")
     assert strace, "strace is missing: `make test` installs it (Makefile, SYSTEM_STAMP)"
@@ -51,8 +55,17 @@ def _run(tmp_path: Path, argv: list[str], **extra: str) -> tuple[list[str], list
     store = home / STORE
     left = sorted(p.name for p in store.iterdir()) if store.exists() else []
     calls = [line for line in trace.read_text().splitlines()
-             if re.search(r"AF_INET6?\b", line)]
+             if re.search(r"AF_INET6?\b", line) and not LOOPBACK.search(line)]
     return left, calls
+
+
+# A connection to this machine itself (a server under test, Ray's own processes) sends nothing.
+LOOPBACK = re.compile(r'inet_addr\("127\.|inet_pton\(AF_INET6, "::1"')
+
+
+def _home_files(tmp_path: Path) -> list[str]:
+    home = tmp_path / "home"
+    return sorted(str(p.relative_to(home)) for p in home.rglob("*"))
 
 
 SESSION = ("import numpy as np, onnxruntime as ort; "
@@ -89,38 +102,94 @@ def test_no_entry_point_writes_the_event_store_or_connects(tmp_path, bundle, ent
     left, calls = _run(tmp_path, argv)
     assert left == [] and calls == [], (left, calls)
     # nothing of anyone's telemetry either (OpenVINO's keeps its consent and ids in HOME)
-    written = sorted(str(p.relative_to(tmp_path / "home")) for p in (tmp_path / "home").rglob("*"))
-    assert written == [], written
+    assert _home_files(tmp_path) == []
 
 
-def test_the_control_openvino_alone_posts_on_import(tmp_path):
-    """`import openvino` (2026.4) sends a usage event from a forked process: what the
-    "cli predict openvino" case above would see without the runtime's quiet import."""
-    left, calls = _run(tmp_path, [sys.executable, "-c", "import openvino, time; time.sleep(2)"])
-    assert calls, "import openvino made no connection: the control no longer shows anything"
-    assert (tmp_path / "home" / "intel").exists()
+def _cli(*args: object) -> list[str]:
+    return [sys.executable, "-m", "vit_deploy.cli", *map(str, args)]
 
 
-def test_the_documented_opt_in_lets_onnx_runtime_collect(tmp_path, bundle):
-    left, _ = _run(tmp_path, [sys.executable, "-c", LIBRARY.format(b=str(bundle), p=str(PHOTO))],
-                   **{ORT_TELEMETRY_OPT_IN: "1"})
-    assert "onnxruntime.db" in left
+# `serve` as a client meets it: started, asked for /health until it answers, stopped.
+SERVE = """
+import socket, subprocess, sys, time, urllib.request
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+p = subprocess.Popen([sys.executable, "-m", "vit_deploy.cli", "serve", {b!r}, "--port",
+                      str(port), "--quiet"])
+try:
+    for _ in range(600):
+        try:
+            assert urllib.request.urlopen(f"http://127.0.0.1:{{port}}/health").status == 200
+            break
+        except OSError:
+            time.sleep(0.1)
+    else:
+        sys.exit("serve did not answer /health")
+finally:
+    p.terminate(); p.wait(30)
+"""
 
 
-@pytest.mark.parametrize("address, before, after", [("local", None, "0"), ("local", "1", "1"),
-                                                     ("auto", None, None)])
-def test_a_ray_cluster_we_start_reports_no_usage(monkeypatch, address, before, after):
-    """`--ray local` starts a head node: Ray's usage statistics off unless the user set them
-    on; a cluster we join keeps its own setting."""
-    from vit_deploy.ray import cluster
+def _commands(bundle: Path, copy: Path, work: Path) -> dict[str, list[str]]:
+    """Every command of the CLI as a user runs it on the tiny bundle (those that add to a
+    bundle on `copy`); `embed` starts a Ray cluster: its own test below."""
+    return {
+        "bench": _cli("bench", bundle, "--runs", 2, "--warmup", 1, "--quiet"),
+        "check": _cli("check", bundle, "--quiet"),
+        "export": _cli("export", "--model", "tiny", "--res", 32, "--out", work / "x", "--quiet"),
+        "info": _cli("info", bundle),
+        "predict": _cli("predict", bundle, PHOTO),
+        "providers": _cli("providers"),
+        "quantize": _cli("quantize", copy, "--precision", "fp16,int8", "--quiet"),
+        "serve": [sys.executable, "-c", SERVE.format(b=str(bundle))],
+        "sweep": _cli("sweep", bundle / "weights.safetensors", "--patch", 8, "--res", 32,
+                      "--precision", "fp32", "--rounds", 1, "--runs", 2, "--quiet"),
+        "target": _cli("target", copy, "--target", "cpu", "--buckets", 32, "--quiet"),
+        "triton": _cli("triton", bundle, "--out", work / "triton", "--quiet"),
+        "web": _cli("web", bundle, "--out", work / "site", "--quiet"),
+    }
 
-    seen = {}
-    monkeypatch.delenv(cluster.RAY_USAGE_STATS, raising=False)
-    if before is not None:
-        monkeypatch.setenv(cluster.RAY_USAGE_STATS, before)
-    monkeypatch.setattr(cluster.ray, "init", lambda **kw: seen.setdefault(
-        "env", os.environ.get(cluster.RAY_USAGE_STATS)))
-    monkeypatch.setattr(cluster.ray, "shutdown", lambda: None)
-    with cluster.connected(address):
-        pass
-    assert seen["env"] == after
+
+WALKED = sorted(_commands(Path("b"), Path("c"), Path("w")))
+
+
+def test_the_walk_covers_every_command():
+    from vit_deploy.cli import main
+
+    assert set(WALKED) | {"embed"} == set(main.list_commands(None))  # lazily loaded
+
+
+@pytest.mark.parametrize("command", WALKED)
+def test_no_command_sends_anything_or_writes_into_home(tmp_path, bundle, command):
+    """Each command run as a user runs it (no CI variables, a fresh HOME): no connection
+    off this machine, no telemetry store, nothing at all written into HOME."""
+    copy = tmp_path / "copy"
+    shutil.copytree(bundle, copy)
+    argv = _commands(bundle, copy, tmp_path)[command]
+    left, calls = _run(tmp_path, argv)
+    assert left == [] and calls == [], (left, calls)
+    assert _home_files(tmp_path) == []
+
+
+def test_embed_on_a_cluster_it_starts_leaves_home_alone(tmp_path, bundle, monkeypatch):
+    """`embed --ray local` (the default) starts a Ray cluster in the process. Ray turns token
+    authentication on for it and, with no token set, writes one to ~/.ray/auth_token, where
+    every later `ray start` on the machine finds it; vit-deploy hands Ray a token of its own.
+    Ray's dashboard still asks the cloud metadata address (link-local) with usage statistics
+    off: docs/guarantees.md."""
+    for name in ("RAY_USAGE_STATS_ENABLED", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN",
+                 "RAY_AUTH_TOKEN_PATH"):  # as a user runs it
+        monkeypatch.delenv(name, raising=False)
+    table = tmp_path / "features.parquet"
+    _run(tmp_path, _cli("embed", bundle, PHOTO, "--out", table, "--quiet"))
+    assert table.is_file()
+    assert _home_files(tmp_path) == []
+
+
+def test_openvino_is_imported_in_one_place():
+    """Every module gets OpenVINO through runtime/providers.py's quiet import (a plain
+    `import openvino` in `providers` and the provider probe wrote ~/intel/openvino_ga_cid)."""
+    plain = [f"{p.relative_to(ROOT)}:{i}" for p in sorted((ROOT / "vit_deploy").rglob("*.py"))
+             for i, line in enumerate(p.read_text().splitlines(), 1)
+             if re.match(r"\s*(import|from) openvino\b", line)]
+    assert plain and all(h.startswith("vit_deploy/runtime/providers.py:") for h in plain), plain

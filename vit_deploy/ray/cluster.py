@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import socket
 import threading
@@ -22,6 +23,12 @@ import ray
 # `--ray local` starts we set it (a user's own setting, "1", is kept: the opt-in). A cluster
 # we join (auto, an address) keeps its own setting (docs/guarantees.md).
 RAY_USAGE_STATS = "RAY_USAGE_STATS_ENABLED"
+# A cluster Ray starts in-process authenticates with a token (Ray 2.5x and later) and,
+# when none is set, writes a new one to ~/.ray/auth_token, where every later `ray start`
+# and `ray.init` on this machine finds it and fails against clusters without it. For
+# `--ray local` we hand Ray a token of this process's own in the environment (its workers
+# inherit it), unless the user chose a mode or a token.
+RAY_AUTH = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
 
 def check_address(address: str) -> str:
@@ -45,6 +52,8 @@ def connected(address: str) -> Iterator[None]:
     local = {"include_dashboard": False} if address == "local" else {}
     if address == "local":  # a cluster we start: Ray's usage reporting off unless asked for
         os.environ.setdefault(RAY_USAGE_STATS, "0")
+        if not any(os.environ.get(name) for name in RAY_AUTH):  # nothing into ~/.ray
+            os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)  # Ray turns token mode on
     try:
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False, **local)
     except ConnectionError as e:

@@ -1,7 +1,8 @@
 """OpenVINO as an engine under a ViTSession, and the choice of engine along a preference list.
 
 `provider="openvino"` (openvino-cpu, openvino-gpu, openvino:DEVICE) runs the bundle's own
-ONNX file through the `openvino` package (imported only here, only when asked for):
+ONNX file through the `openvino` package (imported only when asked for, quietly:
+providers.import_openvino_quietly):
 read_model keeps the batch and grid dynamic as the file declares them, and one compiled
 model serves every size (OpenVINO's CPU plugin keeps its kernels per shape). It is compiled
 with the LATENCY hint, RuntimeOptions.threads as INFERENCE_NUM_THREADS, and its inference
@@ -18,9 +19,7 @@ reason. Torch-free; a leaf like the rest of runtime/.
 
 from __future__ import annotations
 
-import os
 import queue
-import sys
 import warnings
 from dataclasses import dataclass, field
 from itertools import groupby
@@ -33,9 +32,9 @@ from vit_deploy.runtime.contract import (BATCH_DIM, GRID_H_DIM, GRID_W_DIM, HEIG
                                          WIDTH_DIM)
 from vit_deploy.runtime.ort_session import RuntimeOptions, _create_session
 from vit_deploy.runtime.providers import (CPU, OPENVINO, OPENVINO_INSTALL, Provider,
-                                          ProviderError, available, is_openvino,
-                                          openvino_device, openvino_lists, openvino_version,
-                                          short_name)
+                                          ProviderError, available, import_openvino_quietly,
+                                          is_openvino, openvino_device, openvino_lists,
+                                          openvino_version, short_name)
 
 # What OpenVINO is told at compile time, where the device takes it (_compile_config).
 PERFORMANCE_HINT = "LATENCY"  # one stream: a call runs on every thread, as ORT's does
@@ -134,32 +133,6 @@ class OpenVINOSession:
         compile: there is no fallback inside it)."""
         return [op.get_friendly_name() for op in self._compiled.get_runtime_model()
                 .get_ordered_ops()]
-
-
-# `import openvino` posts a usage event to Google Analytics from a forked process, unless the
-# user declined in a consent file or the import runs in CI (openvino_telemetry, measured with
-# 2026.4.1: a DNS lookup and an HTTPS POST on the first import in a process). Nothing of ours
-# phones home: the import runs with the CI marker the library itself honours, set only for
-# the import and restored after; the user's files and environment are left as they were.
-# Opt in with VIT_DEPLOY_OV_TELEMETRY=1 (docs/guarantees.md).
-OV_TELEMETRY_OPT_IN = "VIT_DEPLOY_OV_TELEMETRY"
-
-
-def import_openvino_quietly() -> Any:
-    if "openvino" in sys.modules or os.environ.get(OV_TELEMETRY_OPT_IN) == "1":
-        import openvino as ov
-
-        return ov
-    before = os.environ.get("CI")
-    os.environ["CI"] = "true"
-    try:
-        import openvino as ov
-    finally:
-        if before is None:
-            os.environ.pop("CI", None)
-        else:
-            os.environ["CI"] = before
-    return ov
 
 
 def _import_openvino(asked: str) -> Any:

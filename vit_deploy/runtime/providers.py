@@ -125,6 +125,32 @@ def parse_providers(spec: ProviderSpec | Sequence[ProviderSpec]) -> list[Provide
     return out
 
 
+# `import openvino` posts a usage event to Google Analytics from a forked process, unless the
+# user declined in a consent file or the import runs in CI (openvino_telemetry, measured with
+# 2026.4.1: a DNS lookup and an HTTPS POST on the first import in a process). Nothing of ours
+# phones home: the import runs with the CI marker the library itself honours, set only for
+# the import and restored after; the user's files and environment are left as they were.
+# Opt in with VIT_DEPLOY_OV_TELEMETRY=1 (docs/guarantees.md).
+OV_TELEMETRY_OPT_IN = "VIT_DEPLOY_OV_TELEMETRY"
+
+
+def import_openvino_quietly() -> Any:
+    if "openvino" in sys.modules or os.environ.get(OV_TELEMETRY_OPT_IN) == "1":
+        import openvino as ov
+
+        return ov
+    before = os.environ.get("CI")
+    os.environ["CI"] = "true"
+    try:
+        import openvino as ov
+    finally:
+        if before is None:
+            os.environ.pop("CI", None)
+        else:
+            os.environ["CI"] = before
+    return ov
+
+
 def available() -> list[str]:
     """Providers this onnxruntime build lists. Listed is not the same as able to run."""
     return list(ort.get_available_providers())
@@ -133,7 +159,7 @@ def available() -> list[str]:
 def openvino_devices() -> tuple[str, list[str]]:
     """(OpenVINO's version, the devices it lists here); ImportError where the openvino
     package is not installed. Imported only when asked: nothing else loads OpenVINO."""
-    import openvino as ov
+    ov = import_openvino_quietly()
 
     return openvino_version(ov), list(ov.Core().available_devices)
 
@@ -234,7 +260,8 @@ def _probe_openvino(full: str) -> ProbeResult:
     """A one-node model compiled and run on the OpenVINO device `full` names."""
     try:
         import numpy as np
-        import openvino as ov
+
+        ov = import_openvino_quietly()
         import openvino.opset13 as ops
     except ImportError:
         return ProbeResult(full, listed=False, usable=False,
