@@ -105,6 +105,43 @@ def test_no_entry_point_writes_the_event_store_or_connects(tmp_path, bundle, ent
     assert _home_files(tmp_path) == []
 
 
+def test_the_control_openvino_alone_posts_on_import(tmp_path):
+    """`import openvino` (2026.4) sends a usage event from a forked process: what the
+    "cli predict openvino" case above would see without the runtime's quiet import."""
+    left, calls = _run(tmp_path, [sys.executable, "-c", "import openvino, time; time.sleep(2)"])
+    assert calls, "import openvino made no connection: the control no longer shows anything"
+    assert (tmp_path / "home" / "intel").exists()
+
+
+def test_the_documented_opt_in_lets_onnx_runtime_collect(tmp_path, bundle):
+    left, _ = _run(tmp_path, [sys.executable, "-c", LIBRARY.format(b=str(bundle), p=str(PHOTO))],
+                   **{ORT_TELEMETRY_OPT_IN: "1"})
+    assert "onnxruntime.db" in left
+
+
+@pytest.mark.parametrize("address, before, after", [("local", None, "0"), ("local", "1", "1"),
+                                                     ("auto", None, None)])
+def test_a_ray_cluster_we_start_reports_no_usage(monkeypatch, address, before, after):
+    """`--ray local` starts a head node: Ray's usage statistics off unless the user set them
+    on; a cluster we join keeps its own setting."""
+    from vit_deploy.ray import cluster
+
+    seen = {}
+    for name in (cluster.RAY_USAGE_STATS, *cluster.RAY_AUTH):
+        monkeypatch.setenv(name, "")  # recorded, so that the test leaves them as they were
+        monkeypatch.delenv(name)
+    if before is not None:
+        monkeypatch.setenv(cluster.RAY_USAGE_STATS, before)
+    monkeypatch.setattr(cluster.ray, "init", lambda **kw: seen.update(
+        env=os.environ.get(cluster.RAY_USAGE_STATS), token=os.environ.get("RAY_AUTH_TOKEN")))
+    monkeypatch.setattr(cluster.ray, "shutdown", lambda: None)
+    with cluster.connected(address):
+        pass
+    assert seen["env"] == after
+    # a cluster we start gets a token of its own (none written to ~/.ray); one we join, none
+    assert (seen["token"] is not None and len(seen["token"]) == 64) == (address == "local")
+
+
 def _cli(*args: object) -> list[str]:
     return [sys.executable, "-m", "vit_deploy.cli", *map(str, args)]
 
