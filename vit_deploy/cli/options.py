@@ -206,8 +206,9 @@ quant_options = group(  # `quantize` and `export --precision`
                       "else the held-out photographs shipped with vit-deploy."),
     click.option("--smooth", default="auto", show_default=True, metavar="auto|none|ALPHA",
                  help="int8: SmoothQuant scale migration (LayerNorm -> qkv / fc1) folded "
-                      "into the graph; auto tries none, 0.5 and 0.75 on the calibration "
-                      "images and keeps the best."),
+                      "into the graph; auto: part of the recipe search (none first, then 0.5 "
+                      "and 0.75 if the target is not met, each fitted on half the "
+                      "calibration images and scored on the other half; the best kept)."),
     click.option("--calib-method", type=click.Choice(["minmax", "entropy", "percentile"]),
                  default="minmax", show_default=True,
                  help="int8-static: how activation ranges are taken from the calibration "
