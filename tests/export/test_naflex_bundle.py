@@ -9,6 +9,7 @@ save_pretrained and exported once per module, with a budget of 64 patches."""
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -184,3 +185,40 @@ def test_commands_for_nchw_bundles_refuse_in_one_line(bundle, tmp_path, argv):
     assert r.exit_code != 0 and "Traceback" not in r.output, r.output
     assert "NaFlex" in r.output, r.output
     assert not any(tmp_path.iterdir()), "nothing written"
+
+
+def _published(checkpoint: Path, where: Path, **processor) -> Path:
+    """The tower with the preprocessor_config.json transformers' own save_pretrained writes
+    for a SigLIP 2 NaFlex processor, the form google/siglip2-*-naflex carry on the hub:
+    max_num_patches and patch_size, no size."""
+    shutil.copytree(checkpoint, where)
+    with warnings.catch_warnings():  # no torchvision here: transformers says it uses PIL
+        warnings.simplefilter("ignore")
+        T.Siglip2ImageProcessor(**processor).save_pretrained(where)
+    written = json.loads((where / "preprocessor_config.json").read_text())
+    assert "size" not in written and written["max_num_patches"] == processor.get(
+        "max_num_patches", 256), written
+    return where
+
+
+def test_a_published_naflex_processor_is_read_budget_and_normalisation(checkpoint, tmp_path):
+    """`export --naflex` on a checkpoint with its processor as published exports with the
+    processor's patch budget and normalisation (it was refused: 'size must be ...')."""
+    src = _published(checkpoint, tmp_path / "ckpt", max_num_patches=48,
+                     image_mean=[0.25, 0.5, 0.75], image_std=[0.5, 0.25, 0.5])
+    out = tmp_path / "b"
+    r = CliRunner().invoke(main, ["export", "--checkpoint", str(src), "--naflex", "--out",
+                                  str(out), "--quiet"])
+    assert r.exit_code == 0, r.output
+    m = load_manifest(out)
+    assert m.export["max_num_patches"] == 48
+    assert list(m.preprocess.mean) == [0.25, 0.5, 0.75] and list(m.preprocess.std) == [0.5, 0.25, 0.5]
+    assert m.export["source"]["preprocess_from"].endswith("preprocessor_config.json")
+
+
+def test_a_processor_of_another_patch_size_is_refused(checkpoint, tmp_path):
+    src = _published(checkpoint, tmp_path / "ckpt", patch_size=14)
+    r = CliRunner().invoke(main, ["export", "--checkpoint", str(src), "--naflex", "--out",
+                                  str(tmp_path / "b")])
+    assert r.exit_code == 2 and "patch_size 14" in r.output and "16" in r.output, r.output
+    assert not (tmp_path / "b").exists()

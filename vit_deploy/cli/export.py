@@ -107,7 +107,8 @@ class FamiliesOption(click.Option):
               "Siglip2ImageProcessor makes them). Needs a siglip2 --checkpoint; no --res, "
               "--static or output options.")
 @click.option("--max-patches", "max_patches", type=click.IntRange(1, 65_536), default=None,
-              help="With --naflex: each image's patch budget (max_num_patches). Default 256.")
+              help="With --naflex: each image's patch budget (max_num_patches). Default: the "
+                   "checkpoint processor's max_num_patches, else 256.")
 @click.option("--precision", "precisions", type=PrecisionList(), default="fp32",
               show_default=True, help="Precisions to add after the fp32 export (see quantize).")
 @quant_options
@@ -224,11 +225,16 @@ def export_naflex_bundle(checkpoint: str | None, out: Path | None, *, naflex: bo
 
     src = open_checkpoint(checkpoint, source=source)
     model = siglip2_checkpoint(src.path, source=src.source)  # UsageError-worthy: exit 2
-    out = out or Path(f"siglip2-naflex-{max_patches or 256}")
     pre = src.preprocess
-    options = NaFlexBundleOptions(max_num_patches=max_patches or 256, opset=opset, force=force,
+    if pre is not None and pre.patch_size not in (None, model.cfg.patch_size):
+        raise click.UsageError(f"{pre.origin}: patch_size {pre.patch_size}, but the model's "
+                               f"patch embedding is {model.cfg.patch_size}")
+    # the budget: --max-patches, else the checkpoint's processor's, else SigLIP 2's 256
+    max_patches = max_patches or (pre.max_num_patches if pre else None) or 256
+    out = out or Path(f"siglip2-naflex-{max_patches}")
+    options = NaFlexBundleOptions(max_num_patches=max_patches, opset=opset, force=force,
                                   mean=pre.mean if pre else None, std=pre.std if pre else None,
-                                  source={**src.record, "checkpoint": str(checkpoint)})
+                                  source={**src.manifest_record(0), "checkpoint": str(checkpoint)})
     screen = console()
     if not quiet:
         screen.print(f"exporting {model.cfg.name or 'SigLIP 2'} as NaFlex (at most "

@@ -45,6 +45,10 @@ class SourcePreprocess:
     crop_pct: float | None = None
     size: tuple[int, int] | None = None  # the model input (H, W) the source's processor gives
     origin: str = ""  # the file it was read from
+    # A NaFlex processor's (SigLIP 2 NaFlex): each image's patch budget and patch size, its
+    # own aspect ratio kept; such a processor has no fixed size
+    max_num_patches: int | None = None
+    patch_size: int | None = None
 
     def spec(self, resolution: tuple[int, int]) -> PreprocessSpec:
         return PreprocessSpec(resolution=tuple(resolution), mean=self.mean, std=self.std,
@@ -222,6 +226,8 @@ def hf_preprocess(data: dict[str, Any], where: Path) -> SourcePreprocess:
     if not flag("do_resize", True):
         raise CheckpointError(f"{str(where)!r}: do_resize is false (the model takes images at "
                               f"their own size); the runtimes always resize: not supported")
+    if "max_num_patches" in data and data.get("size") is None:
+        return _naflex_processor(data, where, fields)
     size = _hw(data.get("size"), "size", where)
     crop = _hw(data["crop_size"], "crop_size", where) \
         if flag("do_center_crop", "crop_size" in data) else None
@@ -243,6 +249,22 @@ def hf_preprocess(data: dict[str, Any], where: Path) -> SourcePreprocess:
                               f"expected a crop no larger than the resize, by the same fraction "
                               f"on both sides")
     return SourcePreprocess(resize="squash", crop_pct=pct, size=crop, **fields)
+
+
+def _naflex_processor(data: dict[str, Any], where: Path, fields: dict[str, Any]
+                      ) -> SourcePreprocess:
+    """Siglip2ImageProcessor's form, as transformers' save_pretrained writes it and the hub's
+    google/siglip2-*-naflex carry it: max_num_patches and patch_size, no size (each image
+    resized to the largest patch grid of its aspect ratio within the budget)."""
+    def count(key: str, top: int) -> int:
+        v = data.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= top:
+            raise CheckpointError(f"{str(where)!r}: {key} must be an integer from 1 to {top}, "
+                                  f"got {str(v)[:40]}")
+        return v
+
+    return SourcePreprocess(resize="squash", max_num_patches=count("max_num_patches", 65_536),
+                            patch_size=count("patch_size", 1024), **fields)
 
 
 def _channels(v: Any, key: str, where: Path) -> tuple[float, ...]:
