@@ -10,6 +10,7 @@ everything heavy (torch, FastAPI, matplotlib, ORT's quantiser) inside its functi
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -42,11 +43,25 @@ class Main(click.Group):
         module = importlib.import_module(f"{__package__}.{name}")
         return getattr(module, name)
 
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        """click's main, and a reader that went away (`vit-deploy ... | head -1`) ends the
+        command quietly: exit 1 as click itself exits then, no 'Error: Broken pipe' and no
+        'Exception ignored' from the interpreter's last flush."""
+        try:
+            try:
+                return super().main(*args, **kwargs)
+            finally:
+                sys.stdout.flush()
+        except BrokenPipeError:
+            _reader_gone()
+
     def invoke(self, ctx: click.Context) -> Any:
         from vit_deploy.runtime.errors import VitDeployError
 
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:
+            _reader_gone()
         except click.NoSuchOption as e:
             suggest_our_spelling(e)
             raise
@@ -90,6 +105,17 @@ def suggest_our_spelling(e: click.NoSuchOption) -> None:
 
 def _first_line(e: BaseException) -> str:
     return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def _reader_gone() -> None:
+    """stdout's reader closed it: what is left unwritten goes nowhere (Python's own advice:
+    docs.python.org/3/library/signal.html#note-on-sigpipe); exit 1, as click's own."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    sys.exit(1)
 
 
 def fail(code: int, message: str) -> None:

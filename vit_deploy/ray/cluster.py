@@ -12,12 +12,16 @@ import secrets
 import signal
 import socket
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import ray
+
+from vit_deploy.progress import Progress, silent
+from vit_deploy.runtime.errors import FAILED, VitDeployError
 
 # Ray reports usage statistics from a head node it starts unless this is "0"; for clusters
 # `--ray local` starts we set it (a user's own setting, "1", is kept: the opt-in). A cluster
@@ -63,6 +67,79 @@ def connected(address: str) -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+
+
+# How long a job waits for the CPUs it needs to come free (a dead driver's actors, another
+# application's replicas) before it says what holds them and stops.
+SCHEDULE_DEADLINE_S = 60.0
+
+
+class ClusterBusy(VitDeployError):
+    """The cluster cannot give a job the CPUs it needs (now, or ever): says what holds them."""
+
+    exit_code = FAILED
+
+
+def _node_cpus() -> list[float]:
+    return [float(n.get("Resources", {}).get("CPU", 0.0)) for n in ray.nodes() if n.get("Alive")]
+
+
+def holders(limit: int = 6) -> str:
+    """The live actors on the cluster by class, the most first: what holds its CPUs."""
+    try:
+        from ray.util.state import list_actors
+
+        alive = list_actors(filters=[("state", "=", "ALIVE")], limit=1000, raise_on_missing_output=False)
+    except Exception as e:  # the state API is the dashboard's: not every cluster has it
+        return f"unknown (Ray's state API: {str(e).splitlines()[0][:100] if str(e) else type(e).__name__})"
+    count: dict[str, int] = {}
+    for actor in alive:
+        name = getattr(actor, "class_name", None) or "actor"
+        count[name] = count.get(name, 0) + 1
+    if not count:
+        return "no live actors (tasks, or placement groups)"
+    ranked = sorted(count.items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{n} x {name}" for name, n in ranked[:limit]) + (
+        f" and {len(ranked) - limit} more kinds" if len(ranked) > limit else "")
+
+
+def require_capacity(each: float, count: int, *, what: str, every: bool = False) -> float:
+    """The cluster's CPUs in all; ClusterBusy where it can never hold one unit of `each` CPUs
+    (no node that large) or, with `every`, all `count` of them: Ray would wait forever."""
+    nodes = _node_cpus()
+    largest, total = max(nodes, default=0.0), sum(nodes)
+    if each > largest + 1e-9:
+        raise ClusterBusy(f"{what}: {each:g} CPUs each, but the largest node of the cluster has "
+                          f"{largest:g} ({len(nodes)} node(s), {total:g} CPUs in all)")
+    if every and each * count > total + 1e-9:
+        raise ClusterBusy(f"{what}: {count} x {each:g} = {each * count:g} CPUs, but the cluster "
+                          f"has {total:g} ({len(nodes)} node(s))")
+    return total
+
+
+def wait_for_cpus(each: float, count: int, *, what: str, every: bool = False,
+                  deadline_s: float = SCHEDULE_DEADLINE_S, progress: Progress = silent) -> int:
+    """How many of `count` units of `each` CPUs (actors, replicas) can start now: at least
+    one, or all of them with `every` (Serve waits for every replica). ClusterBusy at once
+    where the cluster can never hold them (no node has `each` CPUs; with `every`, fewer CPUs
+    in all than count x each); after `deadline_s` if they do not come free, naming what
+    holds them. Progress says it waits."""
+    total = require_capacity(each, count, what=what, every=every)
+    need = each * count if every else each
+    start, said = time.monotonic(), False
+    while True:
+        free = float(ray.available_resources().get("CPU", 0.0))
+        if free + 1e-9 >= need:
+            return count if every else max(1, min(count, int((free + 1e-9) // each)))
+        waited = time.monotonic() - start
+        if waited >= deadline_s:
+            raise ClusterBusy(f"{what}: {need:g} CPUs needed, {free:g} of {total:g} free after "
+                              f"{waited:.0f} s; held by: {holders()}")
+        if not said:
+            progress(f"waiting for {need:g} free CPUs ({free:g} of {total:g} free; at most "
+                     f"{deadline_s:.0f} s)")
+            said = True
+        time.sleep(min(1.0, max(0.05, deadline_s - waited)))
 
 
 def reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -133,6 +210,8 @@ def serve_on_cluster(bundle: Path, options: Any, *, address: str, host: str, por
     port = port or free_port(host)
     with connected(address), _sigterm_stops():  # after ray.init: it installs its own
         try:
+            require_capacity(options.cpus_per_replica, options.replicas, every=True,
+                             what="serve --ray (--replicas x --cpus-per-replica)")
             serve.start(http_options={"host": host, "port": port})
             host, port = _proxy_address(host, port)
             serve.run(app(path, options), name=options.model_name, route_prefix="/",

@@ -36,6 +36,9 @@ from vit_deploy.ray.shards import Shard, collect_paths, job_key, merge, parts_di
     remove_partial, write_table_atomic
 
 
+READ_CPUS = 0.5  # each image-reading task's CPUs
+
+
 @dataclass(frozen=True, kw_only=True)
 class EmbedOptions:
     """The session (provider, precision), top-k classes per image, images per model run
@@ -50,6 +53,7 @@ class EmbedOptions:
     actors: int | None = None
     cpus_per_actor: float = 1.0
     address: str = "local"
+    wait_s: float = 60.0  # for the actors' CPUs to come free (cluster.wait_for_cpus)
 
     def __post_init__(self) -> None:
         bad = [f"{k}={getattr(self, k)!r}" for k in ("top_k", "batch", "shard_size")
@@ -205,7 +209,7 @@ def _run(bundle: Path, pending: list[Shard], folder: Path, pre: Preprocess,
     import ray
     import ray.data
 
-    from vit_deploy.ray.cluster import connected
+    from vit_deploy.ray.cluster import ClusterBusy, connected, wait_for_cpus
 
     with connected(options.address):
         logging.getLogger("ray.data").setLevel(logging.WARNING)  # the progress line says it
@@ -213,14 +217,23 @@ def _run(bundle: Path, pending: list[Shard], folder: Path, pre: Preprocess,
         ctx.execution_options.preserve_order = True  # shards complete one after another
         ctx.enable_progress_bars = False
         cpus = ray.cluster_resources().get("CPU", 1)
+        if options.cpus_per_actor + READ_CPUS > cpus + 1e-9:
+            raise ClusterBusy(f"embed: --cpus-per-actor {options.cpus_per_actor:g} and "
+                              f"{READ_CPUS:g} CPU to read images need "
+                              f"{options.cpus_per_actor + READ_CPUS:g}; the cluster has {cpus:g}")
         actors = options.actors or max(1, int(cpus / 2 / options.cpus_per_actor))
+        # never a pool that waits for CPUs nobody frees: at least one actor's are free now
+        # (or within the deadline); the pool grows to `actors` as more come free
+        now = wait_for_cpus(options.cpus_per_actor, actors, what="embed's actors "
+                            "(--cpus-per-actor)", deadline_s=options.wait_s, progress=progress)
+        progress(f"{now} of {actors} actor(s) can start now")
         paths = [p for s in pending for p in s.paths]
         blocks = max(1, min(len(paths), math.ceil(len(paths) / options.batch)))
         ds = ray.data.from_items([{"path": p} for p in paths], override_num_blocks=blocks)
         ds = ds.map_batches(_read_and_preprocess, fn_kwargs={"pre": pre}, batch_format="numpy",
-                            batch_size=options.batch, num_cpus=0.5)
+                            batch_size=options.batch, num_cpus=READ_CPUS)
         ds = ds.map_batches(Embedder, batch_format="numpy", batch_size=options.batch,
-                            compute=ray.data.ActorPoolStrategy(size=actors),
+                            compute=ray.data.ActorPoolStrategy(min_size=1, max_size=actors),
                             num_cpus=options.cpus_per_actor,
                             fn_constructor_args=(str(bundle), options.provider,
                                                  options.precision, options.top_k,
