@@ -166,6 +166,7 @@ def export(variant_name: str | None, patch: int | None, resolution: tuple[int, i
                                   seed=seed, checkpoint=src.path if src else None,
                                   source=src.source if src else source, heads=heads, merge=merge)
     if src is not None:  # its preprocessing, class names and origin go into the manifest
+        refuse_overridden(model.cfg, pool=pool, pos_embed=pos_embed)
         options = src.export_options(model, options)
     cfg = model.cfg
     resolution = validate_request(cfg, options)  # fail fast, before minutes of work
@@ -192,6 +193,20 @@ def export(variant_name: str | None, patch: int | None, resolution: tuple[int, i
         click.echo(str(out))
         return
     screen.print(BundleSummary(load_manifest(out), str(out)))
+
+
+def refuse_overridden(cfg: Any, **flags: str) -> None:
+    """--pool / --pos-embed build a new model; a checkpoint brings its own. Given on the
+    command line with a checkpoint whose own differs, they were silently not applied: now
+    a usage error naming both (the same value is accepted)."""
+    ctx = click.get_current_context()
+    for name, value in flags.items():
+        given = ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+        own = getattr(cfg, name)
+        if given and value != own:
+            flag = f"--{name.replace('_', '-')}"
+            raise click.UsageError(f"{flag} {value}: the checkpoint brings its own ({own}); "
+                                   f"{flag} applies to a newly built model only: drop it")
 
 
 def read_labels(path: Path) -> tuple[str, ...]:
