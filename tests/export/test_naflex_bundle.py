@@ -24,6 +24,7 @@ from vit_deploy.runtime import NaFlexSession, ViTSession, load_manifest, open_se
 from vit_deploy.runtime.manifest import Manifest
 from vit_deploy.runtime.manifest_parts import BundleError
 from vit_deploy.runtime.naflex import NAFLEX_INPUTS, NAFLEX_OUTPUTS
+from vit_deploy.runtime.naflex_session import NaFlexInputError
 
 pytestmark = pytest.mark.heavy  # one export (~20 s on 2 cores) and PyTorch checks
 BUDGET = 64
@@ -222,3 +223,28 @@ def test_a_processor_of_another_patch_size_is_refused(checkpoint, tmp_path):
                                   str(tmp_path / "b")])
     assert r.exit_code == 2 and "patch_size 14" in r.output and "16" in r.output, r.output
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("place", ["shifted", "gap", "padding set", "a 2"])
+def test_a_mask_that_is_not_the_grid_then_padding_is_refused(bundle, images, place):
+    """The model reads patch i as grid cell i: a mask with the right count of real patches
+    in other places was run (pooled off by 3.6); now a NaFlexInputError naming the image."""
+    with NaFlexSession(bundle / "model.onnx", max_num_patches=BUDGET) as s:
+        batch = s.preprocess(images)
+        values, mask, shapes = (a.copy() for a in batch)
+        cells = shapes.prod(axis=1)
+        i = int(np.flatnonzero(cells < BUDGET)[0])  # an image with padding
+        row, n = mask[i], int(cells[i])
+        if place == "shifted":
+            row[:] = 0
+            row[1:n + 1] = 1
+        elif place == "gap":
+            row[n - 1], row[n] = 0, 1
+        elif place == "padding set":
+            row[0], row[-1] = 0, 1
+        else:
+            row[0], row[1] = 2, 0
+        assert row.sum() == n  # the count of real patches is right: only their places differ
+        with pytest.raises(NaFlexInputError, match=rf"image {i} is not"):
+            s.run(type(batch)(values, mask, shapes))
+        assert s.run(batch)["pooled"].shape[0] == len(images)  # the batch as built runs

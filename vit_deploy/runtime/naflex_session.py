@@ -159,6 +159,15 @@ class NaFlexSession:
             raise NaFlexInputError(f"every image needs a grid of 1..{N} patches and that many "
                                    f"real patches in its mask; got grids {shapes.tolist()}, "
                                    f"real patches {mask.sum(1).tolist()}")
+        # the real patches come first, in grid order, the padding after them: the model reads
+        # patch i as grid cell i (a mask of 1s elsewhere pooled the padding: off by 3.6)
+        bad = np.flatnonzero((mask != (np.arange(N)[None, :] < cells[:, None])).any(axis=1))
+        if bad.size:
+            i = int(bad[0])
+            raise NaFlexInputError(f"{ATTENTION_MASK}: each row must be its image's grid of 1s "
+                                   f"first, then 0s (padding); image {i} is not "
+                                   f"({int(cells[i])} cells, mask {mask[i, :12].tolist()}"
+                                   f"{' ...' if N > 12 else ''})")
 
 
 def open_session(model: str | Path, **kwargs: Any) -> ViTSession | NaFlexSession:
