@@ -37,6 +37,10 @@ def check_naflex(bundle: Path, manifest: Manifest, options, precisions: Sequence
     if options.resolutions:
         raise ValueError("a NaFlex bundle takes each image at its own aspect ratio and patch "
                          "grid: --res cannot apply (its cases span 1:4 to 8:1)")
+    if tuple(options.batches) != type(options)().batches:  # other than the default
+        raise ValueError(f"a NaFlex bundle is checked on one mixed batch of six aspect ratios "
+                         f"and on single images: --batch {','.join(map(str, options.batches))} "
+                         f"cannot apply")
     golden = options.reference == "bundle" or (options.reference == "auto" and (
         importlib.util.find_spec("torch") is None or manifest.weights_file is None))
     if golden:

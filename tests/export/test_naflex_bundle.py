@@ -248,3 +248,16 @@ def test_a_mask_that_is_not_the_grid_then_padding_is_refused(bundle, images, pla
         with pytest.raises(NaFlexInputError, match=rf"image {i} is not"):
             s.run(type(batch)(values, mask, shapes))
         assert s.run(batch)["pooled"].shape[0] == len(images)  # the batch as built runs
+
+
+@pytest.mark.parametrize("budget", [0, -3, True, 2.5, 65_537])
+def test_a_budget_that_is_not_a_patch_count_is_refused(bundle, budget):
+    """max_num_patches=0 was read as 'not given' (the bundle's 64 ran)."""
+    with pytest.raises(ValueError, match=rf"max_num_patches must be an integer from 1 .*{budget}"):
+        NaFlexSession(bundle, max_num_patches=budget)
+
+
+@pytest.mark.parametrize("batches", ["4", "1,8", "2"])
+def test_check_refuses_a_batch_it_cannot_apply(bundle, batches):
+    r = CliRunner().invoke(main, ["check", str(bundle), "--batch", batches])
+    assert r.exit_code == 2 and f"--batch {batches} cannot apply" in r.output, r.output

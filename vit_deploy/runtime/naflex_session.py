@@ -97,7 +97,8 @@ class NaFlexSession:
             raise BundleError(f"{str(path)!r} carries no vit-deploy config in its metadata")
         self.config, self.path = cfg, path
         spec = self.manifest.preprocess if self.manifest else None
-        budget = max_num_patches or (spec.max_num_patches if spec else None) or MAX_NUM_PATCHES
+        budget = max_num_patches if max_num_patches is not None else (
+            spec.max_num_patches if spec and spec.max_num_patches else MAX_NUM_PATCHES)
         self.preprocess = NaFlexPreprocess(
             patch_size=cfg.patch_size, max_num_patches=budget,
             mean=spec.mean if spec else cfg.mean, std=spec.std if spec else cfg.std)
