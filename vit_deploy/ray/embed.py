@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -32,8 +33,8 @@ from vit_deploy.runtime.contract import FEATURES_NAME, LOGITS_NAME
 from vit_deploy.runtime.manifest import load_manifest
 from vit_deploy.runtime.preprocess import Preprocess, group_by_shape
 from vit_deploy.runtime.results import softmax
-from vit_deploy.ray.shards import Shard, collect_paths, job_key, merge, parts_dir, plan, \
-    remove_partial, write_table_atomic
+from vit_deploy.ray.shards import Shard, collect_paths, job_key, merge, own_parts_dir, plan, \
+    remove_partial, stamps, write_table_atomic
 
 
 READ_CPUS = 0.5  # each image-reading task's CPUs
@@ -184,18 +185,25 @@ def embed(bundle: str | Path, images: list[str | Path], out: str | Path, *,
     manifest.require_nchw("vit-deploy embed")
     pre = Preprocess.from_manifest(manifest)
     paths = collect_paths(images)
+    if any(os.path.realpath(p) == os.path.realpath(out) for p in paths):
+        raise ValueError(f"--out {str(out)!r} is one of the images to embed: it would be "
+                         f"replaced; write the table elsewhere")
     model = manifest.model_file(options.precision)  # a precision it lacks: BundleError
     job = job_key(manifest.files[model].sha256,
                   options.precision, options.top_k, pre)
-    shards = plan(paths, job=job, shard_size=options.shard_size)
-    folder = parts_dir(out)  # made by the first shard written
-    if folder.is_dir():
-        remove_partial(folder)
+    shards = plan(paths, job=job, shard_size=options.shard_size, files=stamps(paths))
+    folder = own_parts_dir(out)  # ours, or refused: never a user's folder or a symlink
+    remove_partial(folder)
     pending = [s for s in shards if not (folder / s.name).exists()]
     progress(f"{len(paths)} image(s) in {len(shards)} shard(s); "
              f"{len(shards) - len(pending)} already written")
     if pending:
-        _run(bundle, pending, folder, pre, options, progress)
+        try:
+            _run(bundle, pending, folder, pre, options, progress)
+        except BaseException:
+            if not any(folder.glob("part-*.parquet")):  # nothing to resume: no leftovers
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
     table = merge([folder / s.name for s in shards], out)
     shutil.rmtree(folder, ignore_errors=True)
     errors = table.column("error").to_pylist()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,9 @@ def collect_paths(inputs: Iterable[str | os.PathLike]) -> list[str]:
         if path.is_dir():
             found.update(os.path.abspath(p) for p in path.rglob("*")
                          if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+        elif path.exists() and (why := _not_regular(path)):
+            raise ValueError(f"image input {str(item)!r} is {why}, not a file (expected a "
+                             f"folder, an image or a .txt list of paths)")
         elif path.is_file() and path.suffix.lower() in LIST_SUFFIXES:
             found.update(_listed(path))
         elif path.is_file():
@@ -59,7 +63,32 @@ def _listed(listing: Path) -> list[str]:
         path = Path(text) if os.path.isabs(text) else listing.parent / text
         if not path.exists():
             raise ValueError(f"{str(listing)!r} line {number}: {text!r} does not exist")
+        if why := _not_regular(path):  # a FIFO blocks its reader, /dev/zero never ends
+            raise ValueError(f"{str(listing)!r} line {number}: {text!r} is {why}, not an "
+                             f"image file")
         out.append(os.path.abspath(path))
+    return out
+
+
+def _not_regular(path: Path) -> str | None:
+    """None for a regular file (links followed) or a folder; else what it is."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        return f"unreadable ({e.strerror or e})"
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
+            stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}.get(
+        stat.S_IFMT(mode), "not a regular file")
+
+
+def stamps(paths: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """{path: (size, mtime in ns)}: what tells a replaced image from the one a shard holds."""
+    out = {}
+    for p in paths:
+        st = os.stat(p)
+        out[p] = (st.st_size, st.st_mtime_ns)
     return out
 
 
@@ -72,17 +101,21 @@ class Shard:
     name: str
 
 
-def plan(paths: Sequence[str], *, job: str, shard_size: int) -> list[Shard]:
+def plan(paths: Sequence[str], *, job: str, shard_size: int,
+         files: dict[str, tuple[int, int]] | None = None) -> list[Shard]:
     """The sorted `paths` cut into shards of `shard_size`; a shard's name holds its index
-    and a hash of `job` (what decides its rows: the model file, the outputs, top-k) and
-    its paths, so the same job over the same images names the same shards."""
+    and a hash of `job` (what decides its rows: the model file, the outputs, top-k), its
+    paths and, given `files` (stamps), each file's size and modification time, so the same
+    job over the same images names the same shards, and a replaced image another."""
     if shard_size < 1:
         raise ValueError(f"shard size must be >= 1, got {shard_size}")
     paths = sorted(paths)
     shards = []
     for index, start in enumerate(range(0, len(paths), shard_size)):
         part = tuple(paths[start:start + shard_size])
-        digest = hashlib.sha256("\n".join((job, *part)).encode()).hexdigest()[:16]
+        keys = part if files is None else tuple(f"{p}\0{files[p][0]}\0{files[p][1]}"
+                                                for p in part)
+        digest = hashlib.sha256("\n".join((job, *keys)).encode()).hexdigest()[:16]
         shards.append(Shard(index, part, f"part-{index:05d}-{digest}.parquet"))
     return shards
 
@@ -95,6 +128,29 @@ def job_key(*fields: object) -> str:
 def parts_dir(out: Path) -> Path:
     """Where a job writing `out` keeps its shards until `out` is written: beside it."""
     return out.with_name(f".{out.name}.parts")
+
+
+PARTS_MARK = ".vit-deploy-embed"  # in a shard folder: vit-deploy made it
+
+
+def own_parts_dir(out: Path) -> Path:
+    """The shard folder of `out`, made (with its mark) or found ours: what is at the name
+    and is not a real folder carrying the mark (a user's folder, a symlink, a file) is
+    refused, never written into or removed."""
+    folder = parts_dir(out)
+    if not os.path.lexists(folder):
+        folder.mkdir()
+        (folder / PARTS_MARK).write_text("shards of a vit-deploy embed job; removed when "
+                                         "the output is written\n")
+        return folder
+    st = os.lstat(folder)
+    mark = folder / PARTS_MARK
+    if not stat.S_ISDIR(st.st_mode) or not mark.is_file() or mark.is_symlink():
+        kind = ("a symlink" if stat.S_ISLNK(st.st_mode) else
+                "a folder vit-deploy did not make" if stat.S_ISDIR(st.st_mode) else "a file")
+        raise ValueError(f"{str(folder)!r} (where embed keeps the shards of --out) is {kind}; "
+                         f"move it away")
+    return folder
 
 
 def write_table_atomic(table: pa.Table, path: Path) -> Path:
