@@ -25,6 +25,7 @@ from ray import serve
 
 from vit_deploy.runtime import ViTSession
 from vit_deploy.runtime.manifest import load_manifest
+from vit_deploy.runtime.providers import parse_providers
 from vit_deploy.runtime.ort_session import RuntimeOptions
 from vit_deploy.serve.app import make_app
 from vit_deploy.serve.batcher import Batcher, _Job
@@ -175,7 +176,9 @@ def resolved(bundle: str | Path, options: RayServeOptions) -> tuple[Path, RaySer
         raise ValueError(f"Ray Serve needs a bundle directory (its manifest says how to "
                          f"preprocess), got {str(bundle)!r}")
     manifest = load_manifest(path)
+    manifest.require_nchw("Ray Serve (serve --ray, --write-config)")  # NaFlex: named here
     manifest.model_path(path, options.precision)  # a precision the bundle lacks: refused
+    parse_providers(options.provider)  # an unknown provider name: refused, not deployed
     return path, replace(options, model_name=checked_model_name(options.model_name, path))
 
 
