@@ -53,8 +53,8 @@ class Comparison:
         for i, c in enumerate(self.columns, 1):
             table.add_column(escape(f"[{i}] {Path(c.name).stem}\n{c.runtime}\n{c.device}"),
                              overflow="fold")
-        for row in self.rows():
-            table.add_row(*row)
+        for row in self.rows():  # a report's text is shown as it is, never as markup
+            table.add_row(*(escape(cell) for cell in row))
         machines = [escape(f"[{i}] {Path(c.name).stem}: {c.machine}") + (
             "" if c.passed is None else f"; check {'PASS' if c.passed else 'FAIL'}")
             for i, c in enumerate(self.columns, 1)]

@@ -6,6 +6,7 @@ report writes (NaN, numbers out of range, nesting past a few levels). `bench --c
 from __future__ import annotations
 
 import json
+import re
 import math
 import os
 import stat
@@ -118,4 +119,21 @@ def parse_report(text: str | bytes, *, source: str = "report",
     if _depth(data) > REPORT_MAX_DEPTH:
         raise refuse(f"its JSON nests deeper than {REPORT_MAX_DEPTH} levels (a report nests "
                      f"a few)")
+    return _printable(data)
+
+
+# C0 and C1 control characters, DEL, and the bidirectional overrides: a saved report's text
+# is shown on a terminal, where ESC sequences recolour it, move the cursor or plant
+# hyperlinks (OSC 8); none belongs in a report.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _printable(data: Any) -> Any:
+    """`data` with every string (keys too) stripped of control characters (_CONTROL)."""
+    if isinstance(data, str):
+        return _CONTROL.sub("", data)
+    if isinstance(data, list):
+        return [_printable(v) for v in data]
+    if isinstance(data, dict):
+        return {_printable(k): _printable(v) for k, v in data.items()}
     return data
