@@ -86,16 +86,20 @@ def test_int8_of_the_trained_model_passes_on_real_photographs(checkpoint, tmp_pa
     r = run("quantize", out, "--precision", "int8")
     assert r.exit_code == 0, r.output
     entry = load_manifest(out).precisions["int8"]
-    search = entry["recipe"]["search"]
-    assert search["met"] and search["kept_float_share"] <= 0.2, search
+    assert entry["passed"], entry["notes"]
+    search = entry["recipe"]["search"]  # what it kept float stays within the speed budget
+    assert search["kept_float_share"] <= 0.2 and len(search["steps"]) <= 12, search
     judged = entry["real_images"]
-    assert "held out" in judged["judged_on"] or "held-out" in judged["judged_on"], judged
-    cases = judged["cases"]
-    assert {tuple(c["resolution"]) for c in cases} == {(224, 224), (518, 518)}
-    for c in cases:  # every output (pooled, patch grid) at both sizes, on the worst image
-        assert c["passed"] and c["cosine_min"] >= 0.99, c
-        if c["token_cosine_p1"] is not None:
-            assert c["token_cosine_p1"] >= 0.98, c
+    assert "held out" in judged["judged_on"], judged
+    cases = {(tuple(c["resolution"]), c["output"]): c for c in judged["cases"]}
+    assert set(cases) == {(hw, o) for hw in ((224, 224), (518, 518))
+                          for o in ("pooled", "patch_tokens")}
+    # what the trained-ViT issue asks of int8, on the worst held-out image (measured
+    # 2026-12-04: 0.99795 / 0.99716, tokens p1 0.99721 / 0.99604)
+    for (hw, output), c in cases.items():
+        assert c["cosine_min"] >= (0.995 if hw == (224, 224) else 0.99), c
+        if output == "patch_tokens":
+            assert c["token_cosine_p1"] >= (0.99 if hw == (224, 224) else 0.98), c
     r = run("check", out, "--precision", "int8")
     assert r.exit_code == 0 and "PASS" in r.output, r.output
     features = tmp_path / "features.npz"  # a backbone: its features, not classes
