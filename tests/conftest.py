@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import secrets
 import shutil
 import stat
 import tempfile
@@ -139,6 +140,11 @@ def _own_xdg_folders(config) -> None:
                  "MPLCONFIGDIR", "npm_config_logs_dir"):
         (top / name).mkdir()
         os.environ[name] = str(top / name)
+    # Ray clusters the suite starts authenticate with a token of the run's own (set before any
+    # test module imports Ray, which reads the mode once per process), never ~/.ray's
+    if not any(os.environ.get(n) for n in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN",
+                                           "RAY_AUTH_TOKEN_PATH")):
+        os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
     config.stash[_HOME_BEFORE] = _home_state()
 
 

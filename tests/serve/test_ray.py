@@ -46,9 +46,11 @@ pytestmark = pytest.mark.heavy
 
 BIN = Path(sys.executable).parent
 # Token authentication (Ray's default for new clusters) with a token of this run's own, so
-# neither a token in ~/.ray nor its absence matters.
+# neither a token in ~/.ray nor its absence matters: the suite's (tests/conftest.py, set
+# before Ray was imported here, which reads it once per process), else one of our own.
 ENV = os.environ | {"RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1",
-                    "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+                    "RAY_AUTH_MODE": "token",
+                    "RAY_AUTH_TOKEN": os.environ.get("RAY_AUTH_TOKEN") or secrets.token_hex(32)}
 EXACT = 1e-6
 
 
