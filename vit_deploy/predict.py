@@ -133,9 +133,14 @@ def predict_naflex(bundle: str | Path, images: list[str | Path],
     from vit_deploy.runtime.results import require_finite
 
     given = [k for k, v in options.overrides.items() if v is not None]
+    given += [f"{flag} {value}" for flag, value, default in (
+        ("--top-k", options.top_k, PredictOptions.top_k),  # no classifier: no classes
+        ("--target", options.target, PredictOptions.target))  # no bucket graphs
+        if value != default]
     if given:
-        raise ValueError(f"a NaFlex bundle resizes each image to its own patch grid (the "
-                         f"bundle's rule); {', '.join(given)} cannot apply")
+        raise ValueError(f"a NaFlex bundle has no classifier and no bucket graphs, and "
+                         f"resizes each image to its own patch grid (the bundle's rule): "
+                         f"{', '.join(given)} cannot apply")
     if options.features is None:
         raise ValueError(f"{bundle} is a NaFlex bundle with no classifier (outputs pooled, "
                          f"last_hidden_state); write its features with --features out.npz")

@@ -261,3 +261,17 @@ def test_a_budget_that_is_not_a_patch_count_is_refused(bundle, budget):
 def test_check_refuses_a_batch_it_cannot_apply(bundle, batches):
     r = CliRunner().invoke(main, ["check", str(bundle), "--batch", batches])
     assert r.exit_code == 2 and f"--batch {batches} cannot apply" in r.output, r.output
+
+
+@pytest.mark.parametrize("flags, named", [(["--top-k", "3"], "--top-k 3"),
+                                          (["--target", "cpu"], "--target cpu"),
+                                          (["--res", "64"], "resolution")])
+def test_predict_refuses_what_a_naflex_bundle_cannot_apply(bundle, tmp_path, flags, named):
+    """--top-k and --target were silently ignored on a NaFlex bundle."""
+    image = tmp_path / "x.png"
+    Image.new("RGB", (64, 40), "gray").save(image)
+    out = tmp_path / "f.npz"
+    r = CliRunner().invoke(main, ["predict", str(bundle), str(image), "--features", str(out),
+                                  *flags])
+    assert r.exit_code == 2 and named in r.output and "cannot apply" in r.output, r.output
+    assert not out.exists()
