@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import vit_deploy  # noqa: F401  (first: ONNX Runtime's telemetry is off before it loads)
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 

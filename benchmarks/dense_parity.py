@@ -21,6 +21,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import vit_deploy  # noqa: F401  (first: ONNX Runtime's telemetry is off before it loads)
 import onnxruntime as ort
 import torch
 import transformers as T

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import vit_deploy  # noqa: F401  (first: ONNX Runtime's telemetry is off before it loads)
+
 
 def cpu_model() -> str:
     try:

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import vit_deploy  # noqa: F401  (first: ONNX Runtime's telemetry is off before it loads)
 import onnxruntime as ort
 
 from vit_deploy.runtime import ViTSession

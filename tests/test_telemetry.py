@@ -230,3 +230,20 @@ def test_openvino_is_imported_in_one_place():
              for i, line in enumerate(p.read_text().splitlines(), 1)
              if re.match(r"\s*(import|from) openvino\b", line)]
     assert plain and all(h.startswith("vit_deploy/runtime/providers.py:") for h in plain), plain
+
+
+def test_every_script_loads_vit_deploy_before_onnx_runtime():
+    """The project's scripts and benchmarks (make setup runs one) turn ONNX Runtime's
+    telemetry off as the CLI does: vit_deploy is imported before onnxruntime in each (the
+    DINOv2-S rebuild wrote ~/.cache/Microsoft/.../onnxruntime.db, caught by the suite's
+    HOME check)."""
+    late = []
+    for path in sorted([*(ROOT / "scripts").glob("*.py"), *(ROOT / "benchmarks").glob("*.py")]):
+        lines = path.read_text().splitlines()
+        ort_at = next((i for i, line in enumerate(lines)
+                       if re.match(r"\s*(import onnxruntime|from onnxruntime)\b", line)), None)
+        ours_at = next((i for i, line in enumerate(lines)
+                        if re.match(r"\s*(import vit_deploy|from vit_deploy)\b", line)), None)
+        if ort_at is not None and (ours_at is None or ours_at > ort_at):
+            late.append(f"{path.relative_to(ROOT)}:{ort_at + 1}")
+    assert late == [], late

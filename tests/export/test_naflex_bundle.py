@@ -275,3 +275,26 @@ def test_predict_refuses_what_a_naflex_bundle_cannot_apply(bundle, tmp_path, fla
                                   *flags])
     assert r.exit_code == 2 and named in r.output and "cannot apply" in r.output, r.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize("call, expected", [
+    (lambda b: NaFlexSession(5), r"NaFlexSession\(model\) must be .* got int 5"),
+    (lambda b: NaFlexSession(b, precision=3), r"precision must be .* got int 3"),
+    (lambda b: NaFlexSession(b, options=1), r"options must be a RuntimeOptions"),
+    (lambda b: NaFlexSession(b).features(5), r"images must be .* got int 5"),
+    (lambda b: NaFlexSession(b).features(None), r"images must be .* got NoneType"),
+    (lambda b: NaFlexSession(b).run((1, 2, 3)), r"batch must be a NaFlexBatch")])
+def test_wrong_argument_types_are_named(bundle, call, expected):
+    """As ViTSession's: which argument, what it takes, what was given (they were internal
+    TypeErrors and AttributeErrors)."""
+    with pytest.raises(TypeError, match=expected):
+        call(bundle)
+
+
+def test_a_closed_session_says_so(bundle, images):
+    s = NaFlexSession(bundle)
+    assert s.features(images[0]).pooled.shape == (1, 64)  # one image, as ViTSession takes it
+    s.close()
+    for use in (lambda: s.features(images), lambda: s.run(None)):
+        with pytest.raises(RuntimeError, match="this NaFlexSession is closed"):
+            use()

@@ -8,6 +8,7 @@ Shapes in comments: B batch, N max_num_patches, D width, gh/gw an image's grid.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from vit_deploy.runtime.contract import MANIFEST_NAME, MODEL_FILE
-from vit_deploy.runtime.errors import BAD_INPUT, VitDeployError
+from vit_deploy.runtime.errors import BAD_INPUT, VitDeployError, require_arg
 from vit_deploy.runtime.manifest import Manifest, load_manifest
 from vit_deploy.runtime.manifest_parts import BundleError
 from vit_deploy.runtime.model_scan import _file_contains, inspect_model
@@ -59,6 +60,10 @@ class NaFlexSession:
                  provider: ProviderSpec | Sequence[ProviderSpec] = "cpu",
                  options: RuntimeOptions = RuntimeOptions(), precision: str = "fp32",
                  max_num_patches: int | None = None):
+        require_arg("NaFlexSession(model)", model, (str, os.PathLike), "a NaFlex bundle "
+                    "directory or .onnx file path")
+        require_arg("precision", precision, str, "a precision name such as 'fp32' or 'int8'")
+        require_arg("options", options, RuntimeOptions, "a RuntimeOptions(...)")
         path = Path(model)
         recover_on_open(path)
         self.manifest: Manifest | None = None
@@ -117,20 +122,33 @@ class NaFlexSession:
         """Images -> their pooled embeddings (B, D)."""
         return self.features(images).pooled
 
+    def _live(self) -> Any:
+        if self.session is None:
+            raise RuntimeError("this NaFlexSession is closed")
+        return self.session
+
     def run(self, batch: NaFlexBatch) -> dict[str, np.ndarray]:
         """The graph on prepared inputs -> {pooled (B, D), last_hidden_state (B, N, D)}."""
+        session = self._live()
+        require_arg("batch", batch, NaFlexBatch, "a NaFlexBatch (session.preprocess(images))")
         self.validate(batch)
         if self.split_batches and len(batch.pixel_values) > 1:
-            rows = [self.session.run(None, NaFlexBatch(*(a[i:i + 1] for a in batch)).feeds())
+            rows = [session.run(None, NaFlexBatch(*(a[i:i + 1] for a in batch)).feeds())
                     for i in range(len(batch.pixel_values))]
             return {n: np.concatenate([r[k] for r in rows])
                     for k, n in enumerate(NAFLEX_OUTPUTS)}
-        return dict(zip(NAFLEX_OUTPUTS, self.session.run(None, batch.feeds())))
+        return dict(zip(NAFLEX_OUTPUTS, session.run(None, batch.feeds())))
 
     run_all = run  # ViTSession's name for every output by name
 
     def features(self, images: Sequence[ImageInput]) -> NaFlexFeatures:
         """Images (paths, bytes, PIL images or HWC uint8 arrays, any sizes) -> features."""
+        self._live()
+        if isinstance(images, (str, os.PathLike, bytes, bytearray, np.ndarray)) \
+                or hasattr(images, "getpixel"):
+            images = [images]  # one image, as ViTSession takes it
+        require_arg("images", images, (list, tuple), "an image (path, bytes, PIL image, HWC "
+                    "uint8 array) or a list of them")
         batch = self.preprocess(images)
         out = self.run(batch)
         tokens = [last[:gh * gw].reshape(gh, gw, -1) for last, (gh, gw)
