@@ -89,6 +89,30 @@ def test_a_planted_journal_moves_and_removes_nothing_of_the_users(scene, case, c
     assert (root / ".X.swap.json").exists()  # the user looks at it; nothing changed
 
 
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "huge", "directory"])
+def test_a_journal_that_is_not_a_small_file_is_refused_unread(scene, kind):
+    """A FIFO at the journal's name hung every reader of the bundle; /dev/zero (a link)
+    filled memory: the journal is read only as a regular file of at most 64 KiB."""
+    import time
+
+    bundle, root, outside = scene
+    at = root / ".X.swap.json"
+    if kind == "fifo":
+        os.mkfifo(at)
+    elif kind == "/dev/zero":
+        at.symlink_to("/dev/zero")
+    elif kind == "huge":
+        at.write_text(json.dumps({"staged": ".X.tmp-abcdefgh", "pad": "x" * (1 << 17)}))
+    else:
+        at.mkdir()
+    start = time.monotonic()
+    r = run("info", bundle)
+    assert time.monotonic() - start < 30
+    assert r.exit_code != 0 and "is not a journal vit-deploy wrote" in r.output, r.output
+    assert "Traceback" not in r.output and intact(root, outside, bundle)
+    assert os.path.lexists(at)  # the user's, left as it was
+
+
 @pytest.mark.parametrize("which", ["staged", "old"])
 def test_a_journal_whose_staging_name_is_a_symlink_is_not_followed(scene, which):
     """`.X.tmp-abcdefgh` (or `.X.old-1`) as a symlink to the user's directory: neither the

@@ -8,6 +8,7 @@ import ctypes
 import errno
 import hashlib
 import os
+import stat
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -25,6 +26,23 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
+
+
+def read_regular(path: str | os.PathLike, limit: int) -> bytes:
+    """The bytes of `path` if it is a regular file (symlinks followed) of at most `limit`
+    bytes; ValueError saying what it is otherwise. Opened without blocking and checked
+    before reading: a FIFO is refused at once, /dev/zero is never read."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{os.fspath(path)!r} is not a regular file")
+        if info.st_size > limit:
+            raise ValueError(f"{os.fspath(path)!r} holds {info.st_size} bytes, more than {limit}")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{os.fspath(path)!r} holds more than {limit} bytes")
+    return data
 
 
 def can_exchange() -> bool:

@@ -28,7 +28,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from vit_deploy.runtime.contract import MANIFEST_NAME
-from vit_deploy.runtime.files import can_exchange, exchange, sha256_file, umask, write_bytes_atomic
+from vit_deploy.runtime.files import (can_exchange, exchange, read_regular, sha256_file, umask,
+                                      write_bytes_atomic)
 from vit_deploy.runtime.errors import BAD_INPUT, FAILED, VitDeployError
 
 # Called with the name of each step of a swap; tests set it to kill the process there.
@@ -219,7 +220,7 @@ def recover(dst: Path) -> None:
     jpath = journal(dst)
     if jpath.exists():
         try:
-            record = json.loads(jpath.read_text())
+            record = json.loads(read_regular(jpath, JOURNAL_MAX_BYTES))  # never a FIFO
             staged = _own(dst, record["staged"], _STAGED)
             old = _own(dst, record["old"], _OLD) if record.get("old") is not None else None
             digest = record["manifest_sha256"]
@@ -333,6 +334,9 @@ def _listed(directory: Path) -> set[str]:
         return {*files, MANIFEST_NAME} if isinstance(files, dict) else set()
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return set()
+
+
+JOURNAL_MAX_BYTES = 64 << 10  # a journal is a few hundred bytes: names and a digest
 
 
 def journal(dst: Path) -> Path:
