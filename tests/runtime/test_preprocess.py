@@ -132,3 +132,26 @@ def test_crop_pct_is_refused_where_it_means_nothing():
         pre(resize="patch_multiple", crop_pct=0.9)
     with pytest.raises(ValueError, match="crop_pct must be None or a number from 0.1 to 1"):
         pre(crop_pct=0)
+
+
+@pytest.mark.parametrize("kind, said", [
+    ("fifo", "is a FIFO (named pipe), not an image file"),
+    ("device", "is a character device, not an image file"),
+    ("directory", "is a directory, not an image file"),
+    ("broken link", "is a broken link"), ("missing", "does not exist")])
+def test_what_a_path_is_instead_of_an_image_is_said(tmp_path, kind, said):
+    """A FIFO was reported as 'does not exist or is not a file' (read as: missing)."""
+    import os
+
+    path = tmp_path / "x.png"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        path.symlink_to("/dev/zero")
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "broken link":
+        path.symlink_to(tmp_path / "gone.png")
+    with pytest.raises(ImageError) as e:
+        load_image(path)
+    assert str(e.value) == f"image {str(path)!r} {said}"

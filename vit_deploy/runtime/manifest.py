@@ -259,7 +259,8 @@ class Manifest:
         classes = config.num_classes or None
         _need(labels is None or (isinstance(labels, list) and len(labels) == classes and all(
             isinstance(x, str) and len(x) <= 1000 for x in labels)), where, "labels",
-            f"null or {classes} strings (one per output of the model)", labels)
+            f"null or {classes} strings (one per output of the model)" if classes else
+            "null (the model has no classifier)", labels)
         for precision, record in m.get("precisions", {}).items():
             _need(isinstance(record, dict), where, f"precisions[{precision!r}]", "an object",
                   record)

@@ -168,7 +168,7 @@ def load_image(src: ImageInput, *, max_pixels: int = MAX_PIXELS) -> Image.Image:
         path = Path(src)
         what = f"image {str(path)!r}"
         if not path.is_file():
-            raise ImageError(f"{what} does not exist or is not a file")
+            raise ImageError(f"{what} {_not_a_file(path)}")
         if path.stat().st_size == 0:
             raise ImageError(f"{what} is empty (0 bytes)")
         try:
@@ -334,3 +334,20 @@ def _from_array(a: np.ndarray, max_pixels: int = MAX_PIXELS) -> Image.Image:
     _check_pixels(a.shape[1], a.shape[0], "image array", max_pixels)  # before copying it
     with _decoder_errors("image array"):
         return _to_rgb(Image.fromarray(np.ascontiguousarray(a)), "image array")
+
+
+def _not_a_file(path: Path) -> str:
+    """Why `path` is not an image file, in words: missing, or what it is instead."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "is a broken link" if os.path.islink(path) else "does not exist"
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"))
+    return "is " + next((name for test, name in kinds if test(mode)), "not a regular file") + \
+        ", not an image file"

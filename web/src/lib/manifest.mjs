@@ -125,7 +125,8 @@ export function readManifest(m, where = 'manifest') {
   const classes = logits ? logits.shape?.at(-1) : (m.config?.num_classes || null);
   need(m.labels == null || (Array.isArray(m.labels) && m.labels.length === classes &&
     m.labels.every((x) => typeof x === 'string')), where, 'labels',
-  `null or ${classes} strings (one per output of the model)`, m.labels);
+  classes ? `null or ${classes} strings (one per output of the model)`
+    : 'null (the model has no classifier)', m.labels);
   return {
     name: m.config.name || 'ViT',
     config,
