@@ -127,3 +127,21 @@ def test_a_job_that_fails_before_its_first_shard_leaves_nothing(bundle, photos, 
     with pytest.raises(OSError):
         embed_module.embed(bundle, [photos[0].parent], out)
     assert (folder / "part-00000-0123456789abcdef.parquet").exists()
+
+
+def test_a_second_job_on_one_output_stops_at_once_naming_the_first(bundle, photos, tmp_path):
+    """Two embeds writing one --out shared its shard folder; now the second fails at once,
+    exit 1, naming the writer that holds the output (the same lock as bundles')."""
+    import subprocess
+    import sys
+
+    from vit_deploy.runtime.swap import writer_lock
+
+    out = tmp_path / "features.parquet"
+    with writer_lock(out):  # this process is the first job
+        r = subprocess.run([sys.executable, "-m", "vit_deploy.cli", "embed", str(bundle),
+                            str(photos[0].parent), "--out", str(out), "--quiet"],
+                           capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr[-1500:]
+    assert f"is being written by vit-deploy (pid {os.getpid()})" in r.stderr, r.stderr[-1500:]
+    assert not out.exists() and not parts_dir(out).exists()

@@ -33,6 +33,7 @@ from vit_deploy.runtime.contract import FEATURES_NAME, LOGITS_NAME
 from vit_deploy.runtime.manifest import load_manifest
 from vit_deploy.runtime.preprocess import Preprocess, group_by_shape
 from vit_deploy.runtime.results import softmax
+from vit_deploy.runtime.swap import writer_lock
 from vit_deploy.ray.shards import Shard, collect_paths, job_key, merge, own_parts_dir, plan, \
     remove_partial, stamps, write_table_atomic
 
@@ -181,6 +182,12 @@ def embed(bundle: str | Path, images: list[str | Path], out: str | Path, *,
     a bad bundle, precision or image input before anything runs."""
     t0 = time.perf_counter()
     bundle, out = Path(bundle).resolve(), Path(out).resolve()
+    with writer_lock(out):  # two jobs on one output: the second stops at once, naming the first
+        return _embed(bundle, images, out, options, progress, t0)
+
+
+def _embed(bundle: Path, images: list[str | Path], out: Path, options: EmbedOptions,
+           progress: Progress, t0: float) -> EmbedReport:
     manifest = load_manifest(bundle)
     manifest.require_nchw("vit-deploy embed")
     pre = Preprocess.from_manifest(manifest)
