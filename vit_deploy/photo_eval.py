@@ -23,6 +23,11 @@ from vit_deploy.runtime.sizes import format_resolution
 SHIPPED = "photos"  # the name that selects the shipped photographs
 HOLD_OUT_EVERY = 4  # --calib DIR without --eval: every 4th image is held out to judge
 VIEW_BOX = (0.0, 0.0, 2 / 3, 2 / 3), (1 / 3, 1 / 3, 1.0, 1.0)  # two crops beside the whole
+# Bounds on what judging holds in memory: at most MAX_JUDGED images of a folder (each whole
+# and two crops: 3x as many views), each decoded image reduced (a box filter, by a whole
+# factor) until its shorter side is under 2 x VIEW_SIDE, far above any judged size's input.
+MAX_JUDGED = 64
+VIEW_SIDE = 1024
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,9 @@ class EvalImages:
         out = []
         for path in self.paths:
             image = load_image(path)  # hostile files refused with a clear ImageError
+            factor = min(image.size) // VIEW_SIDE
+            if factor >= 2:  # a 50-megapixel photograph held 36 times over is gigabytes
+                image = image.reduce(factor)
             w, h = image.size
             out.append(image)
             out += [image.crop((round(a * w), round(b * h), round(c * w), round(d * h)))
@@ -111,9 +119,12 @@ def resolve(calib: str | Path | None, eval_images: str | Path | None
     else:
         calib_files = image_files(calib, "--calib")
     if eval_images is not None and str(eval_images) != SHIPPED:
-        files = image_files(eval_images, "--eval")
-        judged = EvalImages(tuple(files), f"{_count(len(files), 'image')} in {eval_images}, "
-                                          f"each whole and two crops")
+        found = image_files(eval_images, "--eval")
+        files = found[:MAX_JUDGED]  # the first by name: said in the report
+        judged = EvalImages(tuple(files), (
+            f"{_count(len(files), 'image')} in {eval_images}" if len(files) == len(found) else
+            f"the first {len(files)} of the {len(found)} images in {eval_images} (by name; "
+            f"at most {MAX_JUDGED} are judged)") + ", each whole and two crops")
         overlap = set(files) & set(calib_files if isinstance(calib_files, list) else [])
         if overlap:
             raise ValueError(f"--eval and --calib share {len(overlap)} image(s) (e.g. "
@@ -124,9 +135,12 @@ def resolve(calib: str | Path | None, eval_images: str | Path | None
             and str(calib) != SHIPPED and len(calib_files) >= HOLD_OUT_EVERY:
         held = calib_files[HOLD_OUT_EVERY - 1::HOLD_OUT_EVERY]
         calib_files = [p for p in calib_files if p not in held]
-        judged = EvalImages(tuple(held), f"{_count(len(held), 'image')} of {calib} held out "
-                                         f"from calibration (every {HOLD_OUT_EVERY}th), each "
-                                         f"whole and two crops")
+        judged_held = held[:MAX_JUDGED]
+        judged = EvalImages(tuple(judged_held), f"{_count(len(judged_held), 'image')} of "
+                                                f"{calib} held out from calibration (every "
+                                                f"{HOLD_OUT_EVERY}th"
+                            + (f"; the first {MAX_JUDGED} of {len(held)} judged" if
+                               len(held) > MAX_JUDGED else "") + "), each whole and two crops")
     else:
         files = shipped("eval")
         judged = EvalImages(tuple(files), f"{len(files)} real photographs shipped with "
