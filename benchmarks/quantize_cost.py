@@ -17,7 +17,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -26,26 +25,13 @@ import time
 from pathlib import Path
 
 import vit_deploy  # noqa: F401  (first: ONNX Runtime's telemetry is off before it loads)
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+from vit_deploy.bench_machine import cpu_name
+from vit_deploy.runtime.cpu import cpu_flags as runtime_cpu_flags
 
 
 def cpu_flags() -> list[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
-                  if line.startswith("flags")), [])
-    return [f for f in ("avx2", "avx512_vnni", "avx_vnni", "amx_int8", "amx_bf16") if f in flags]
+    have = runtime_cpu_flags() or frozenset()
+    return [f for f in ("avx2", "avx512_vnni", "avx_vnni", "amx_int8", "amx_bf16") if f in have]
 
 
 def copy_without(bundle: Path, precision: str, where: Path) -> Path:
@@ -105,7 +91,7 @@ def main() -> None:
         sys.exit(f"error: {args.bundle} is not a bundle (no manifest.json)")
     import onnxruntime
 
-    machine = {"cpu": cpu_model(), "flags": cpu_flags(), "cores": os.cpu_count(),
+    machine = {"cpu": cpu_name(), "flags": cpu_flags(), "cores": os.cpu_count(),
                "date": dt.date.today().isoformat(), "onnxruntime": onnxruntime.__version__,
                "bundle": str(args.bundle)}
     print(f"# {machine['cpu']} ({', '.join(machine['flags']) or 'no VNNI / AMX'}), "
