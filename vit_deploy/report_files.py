@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from vit_deploy.report_schema import ReportError
+from vit_deploy.runtime.files import file_kind
 
 # What a saved report may be: reports are kilobytes and nest a few levels; anything far
 # past that is not a report, and is refused before it costs memory or the stack.
@@ -34,7 +35,7 @@ def read_report(path: str | Path) -> bytes:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise ReportError(f"cannot read bench report {where}: expected a JSON file, got "
-                              f"{_file_kind(info.st_mode)}")
+                              f"{file_kind(info.st_mode)}")
         if info.st_size > REPORT_MAX_BYTES:
             raise ReportError(f"cannot read bench report {where}: expected a JSON file of at "
                               f"most {REPORT_MAX_BYTES >> 20} MiB, got "
@@ -47,13 +48,6 @@ def read_report(path: str | Path) -> bytes:
             return f.read(REPORT_MAX_BYTES + 1)
         except OSError as e:
             raise ReportError(f"cannot read bench report {where}: {e.strerror or e}") from None
-
-
-def _file_kind(mode: int) -> str:
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-             (stat.S_ISSOCK, "a socket"))
-    return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
 class _NotReportJSON(ValueError):

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from vit_deploy.runtime.files import write_atomic
+from vit_deploy.runtime.files import file_kind, write_atomic
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif",
                             ".tiff", ".ppm", ".pgm"})
@@ -78,9 +78,7 @@ def _not_regular(path: Path) -> str | None:
         return f"unreadable ({e.strerror or e})"
     if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
         return None
-    return {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
-            stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}.get(
-        stat.S_IFMT(mode), "not a regular file")
+    return file_kind(mode)
 
 
 def stamps(paths: Sequence[str]) -> dict[str, tuple[int, int]]:

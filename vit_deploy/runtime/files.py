@@ -28,6 +28,14 @@ _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
 
+def file_kind(mode: int) -> str:
+    """What a file of st_mode `mode` is, in words: 'a directory', 'a FIFO (named pipe)', ..."""
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
 def read_regular(path: str | os.PathLike, limit: int) -> bytes:
     """The bytes of `path` if it is a regular file (symlinks followed) of at most `limit`
     bytes; ValueError saying what it is otherwise. Opened without blocking and checked
@@ -36,7 +44,7 @@ def read_regular(path: str | os.PathLike, limit: int) -> bytes:
     with os.fdopen(fd, "rb") as f:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"{os.fspath(path)!r} is not a regular file")
+            raise ValueError(f"{os.fspath(path)!r} is {file_kind(info.st_mode)}, not a file")
         if info.st_size > limit:
             raise ValueError(f"{os.fspath(path)!r} holds {info.st_size} bytes, more than {limit}")
         data = f.read(limit + 1)

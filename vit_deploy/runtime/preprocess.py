@@ -338,7 +338,7 @@ def _from_array(a: np.ndarray, max_pixels: int = MAX_PIXELS) -> Image.Image:
 
 def _not_a_file(path: Path) -> str:
     """Why `path` is not an image file, in words: missing, or what it is instead."""
-    import stat
+    from vit_deploy.runtime.files import file_kind
 
     try:
         mode = os.stat(path).st_mode
@@ -346,8 +346,4 @@ def _not_a_file(path: Path) -> str:
         return "is a broken link" if os.path.islink(path) else "does not exist"
     except OSError as e:
         return f"cannot be read ({e.strerror or e})"
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-             (stat.S_ISSOCK, "a socket"))
-    return "is " + next((name for test, name in kinds if test(mode)), "not a regular file") + \
-        ", not an image file"
+    return f"is {file_kind(mode)}, not an image file"

@@ -14,6 +14,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from vit_deploy.export.checkpoints.describe import _some
+from vit_deploy.runtime.files import file_kind
 from vit_deploy.export.checkpoints.errors import CheckpointError
 
 
@@ -30,10 +31,7 @@ def not_a_file(path: str | Path) -> str | None:
         return f"unreadable ({e.strerror or e})"
     if stat.S_ISREG(mode):
         return None
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-             (stat.S_ISSOCK, "a socket"))
-    kind = next((name for test, name in kinds if test(mode)), "not a regular file")
+    kind = file_kind(mode)
     real = os.path.realpath(path)
     return kind + (f" ({real!r})" if real != os.path.abspath(path) else "")
 
