@@ -128,7 +128,11 @@ def test_smoothing_keeps_the_float_function_and_rescues_int8(outlier_bundle, tmp
         steps = r.recipe["search"]["steps"]
         assert steps[0]["action"] == "every layer quantised" and not steps[0]["meets_target"]
         smoothed = [s for s in steps if s["action"].startswith("smoothing alpha")]
-        assert [s["action"] for s in smoothed] == ["smoothing alpha 0.5", "smoothing alpha 0.75"]
+        # the alphas in order, until one meets the target (then no stronger one is tried)
+        tried = [s["action"] for s in smoothed]
+        assert tried == ["smoothing alpha 0.5", "smoothing alpha 0.75"][:len(tried)], tried
+        assert smoothed[-1]["meets_target"] or len(tried) == 2, smoothed
+        assert not any(s["meets_target"] for s in smoothed[:-1]), smoothed
         assert max(s["worst"] for s in smoothed) > steps[0]["worst"] + 0.01, steps
         chosen = r.recipe["smoothing"]
         assert chosen["alpha"] in (0.5, 0.75) and chosen["layernorms"] == 4

@@ -123,14 +123,22 @@ class Evaluator:
 
 def judged_resolutions(manifest: Manifest) -> list[tuple[int, int]]:
     """The sizes a precision is calibrated and judged at: a static graph's own; for a
-    dynamic one the native size and one other (the deploy size, else 1.5 × native)."""
+    dynamic one the native size and one other (the deploy size, else 1.5 × native), and
+    when neither is non-square, the one that is not the deploy size has its width cut to
+    3/4 (in whole patches): a square pair cannot tell a grid resampled with its axes
+    swapped from a right one. The trained DINOv2-S at 224 is judged at 518x392 and 224."""
     cfg = manifest.config
     P, native, deploy = cfg.patch_size, cfg.img_size, manifest.deploy_resolution
     if not manifest.io.dynamic:
         return [deploy]
     other = deploy if deploy != native else (P * round(native[0] * 1.5 / P),
                                              P * round(native[1] * 1.5 / P))
-    return [native, other]
+    sizes = [tuple(native), tuple(other)]
+    if all(h == w for h, w in sizes):
+        i = 0 if sizes[0] != tuple(deploy) else 1
+        h, w = sizes[i]
+        sizes[i] = (h, P * max(1, round(w * 0.75 / P)))
+    return sizes
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ def test_every_precision_keeps_the_accuracy(digits_bundle):
     for precision, r in results.items():
         judged = r.to_dict()["real_images"]
         assert judged["judged_on"] == "the 359 held-out digits (the test model's own data)"
-        assert [c["label"] for c in judged["cases"]] == ["32x32 logits", "48x48 logits"]
+        assert [c["label"] for c in judged["cases"]] == ["32x32 logits", "48x32 logits"]
         assert all(c["images"] == 359 for c in judged["cases"])
         if precision == "int4" and not r.passed:
             worst = r.worst_photo

@@ -92,10 +92,10 @@ def test_int8_of_the_trained_model_passes_on_real_photographs(checkpoint, tmp_pa
     judged = entry["real_images"]
     assert "held out" in judged["judged_on"], judged
     cases = {(tuple(c["resolution"]), c["output"]): c for c in judged["cases"]}
-    assert set(cases) == {(hw, o) for hw in ((224, 224), (518, 518))
+    assert set(cases) == {(hw, o) for hw in ((224, 224), (518, 392))  # larger, non-square
                           for o in ("pooled", "patch_tokens")}
     # what the trained-ViT issue asks of int8, on the worst held-out image (measured
-    # 2026-12-04: 0.99795 / 0.99716, tokens p1 0.99721 / 0.99604)
+    # 2026-12-04, judged at 224 and 518x392: 0.99738 / 0.99771, tokens p1 0.99723 / 0.99587)
     for (hw, output), c in cases.items():
         assert c["cosine_min"] >= (0.995 if hw == (224, 224) else 0.99), c
         if output == "patch_tokens":
