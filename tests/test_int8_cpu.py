@@ -332,3 +332,45 @@ def test_quantize_cli_refuses_an_unknown_cpu(tiny_bundle):
                                   "--int8-cpu", "avx9"])
     assert r.exit_code == 2 and "Traceback" not in r.output
     assert all(part in r.output for part in ("--int8-cpu", "'avx9'", "any", "vnni")), r.output
+
+
+def _claiming(bundle: Path, tmp: Path, weights: str, claim: str | None) -> Path:
+    """A copy of the bundle whose int8 file has `weights` ('vnni': 8-bit, 'any': 7-bit)
+    while its recipe claims `claim` (a file swapped in by hand, or re-quantised)."""
+    out = tmp / f"b-{weights}-{claim}"
+    shutil.copytree(bundle, out)
+    _quantise(out / "model.onnx", out / "model.int8.onnx", "int8", weights)
+    recipe = {"kind": "dynamic"} | ({} if claim is None else {"cpu": claim})
+    load_manifest(out).with_precision(
+        "int8", "model.int8.onnx", FileEntry.of(out / "model.int8.onnx", "model:int8"),
+        {"recipe": recipe}).save(out)
+    return out
+
+
+@pytest.mark.parametrize("flags,machine,says", [
+    (CPUS["amd-epyc-avx2"][1], "x86_64", "saturates them"),
+    (None, "x86_64", "cannot tell"),
+])
+@pytest.mark.parametrize("weights,claim", [("vnni", "any"), ("any", "vnni"), ("any", None),
+                                           ("vnni", "vnni"), ("any", "any")])
+def test_runtime_warns_where_the_cpu_lacks_what_the_file_needs(
+        tiny_bundle, tmp_path_factory, monkeypatch, flags, machine, says, weights, claim):
+    """Where the CPU could saturate, the weights in the file decide, not the recipe that
+    says how it was made: 8-bit weights warn whatever the recipe claims, 7-bit ones never;
+    a bare file (no manifest) is read the same way."""
+    _, result = tiny_bundle
+    bundle = _claiming(result.path, tmp_path_factory.mktemp("claim"), weights, claim)
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: None if flags is None
+                        else frozenset(flags.split()))
+    monkeypatch.setattr(platform, "machine", lambda: machine)
+    for opened in ({"model": bundle, "precision": "int8"}, {"model": bundle / "model.int8.onnx"}):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with ViTSession(opened.pop("model"), **opened) as s:
+                warned = s.cpu_warning
+        texts = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)
+                 and "int8" in str(w.message)]
+        if weights == "vnni":
+            assert warned and says in warned and len(texts) == 1, texts
+        else:
+            assert warned is None and not texts, texts

@@ -169,8 +169,28 @@ def make_fixtures(out: Path) -> dict:
     index["photo_input"] = _write_f32(out / "photo-input.f32", photo)
     index["python_check"] = _python_check(bundle, out / "python-check.json")
     index["dense"] = _dense_fixtures(out)
+    index["int8_weights_need"] = _int8_files(bundle, out)
     (out / "index.json").write_text(json.dumps(index, indent=2))
     return index
+
+
+def _int8_files(bundle: Path, out: Path) -> dict[str, dict]:
+    """{file: {need: what its int8 weights need of a CPU, coupled: whether a batch's images
+    share an activation scale}, as Python reads the file} for the bundle's fp32 and (7-bit,
+    dynamic) int8 files, an 8-bit twin and a static one: what Node's int8WeightsNeed and
+    batchCoupled must read the same (web/test/int8cpu.test.mjs)."""
+    from vit_deploy.parity import sample_inputs
+    from vit_deploy.quantize import QuantOptions, quantize_model
+    from vit_deploy.runtime.model_scan import inspect_model, int8_weights_need
+
+    quantize_model(bundle / "model.onnx", out / "int8-8bit.onnx", precision="int8",
+                   options=QuantOptions(cpu="vnni"))
+    quantize_model(bundle / "model.onnx", out / "int8-static.onnx", precision="int8-static",
+                   calibration=[sample_inputs((48, 64), 2, seed=s) for s in range(2)])
+    files = ["bundle/model.onnx", "bundle/model.int8.onnx", "int8-8bit.onnx",
+             "int8-static.onnx"]
+    return {f: {"need": int8_weights_need(out / f), "coupled": inspect_model(out / f, None)}
+            for f in files}
 
 
 def _python_check(bundle: Path, out: Path) -> str:

@@ -64,3 +64,29 @@ def _check_external_data(path: Path, listed: Collection[str] | None) -> None:
         if listed is not None and target.relative_to(root).as_posix() not in listed:
             raise BundleError(f"{str(path)!r}: external data {location!r} is not listed (and "
                               f"hashed) in the manifest; refused")
+
+
+def int8_weights_need(path: Path) -> str | None:
+    """What the int8 weights in the file need of a CPU (runtime/cpu.py), read from the file
+    itself, not from the recipe that says how it was made: 'vnni' when a weight matrix
+    holds a value outside [-64, 64], the 7-bit range ONNX Runtime's reduce_range gives
+    (255 x 64 x 2 = 32640 still fits AVX2's 16-bit pair sums; 8-bit weights do not), 'any' when every int8 weight fits, None when the file has no int8 weights (or
+    keeps them outside it). Read only where the CPU could saturate (a VNNI CPU never does)."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # unreadable: ONNX Runtime says so when it opens the file
+        return None
+    need = None
+    for t in model.graph.initializer:
+        if t.data_type != onnx.TensorProto.INT8 or len(t.dims) < 2 \
+                or t.data_location == onnx.TensorProto.EXTERNAL:
+            continue
+        w = numpy_helper.to_array(t)
+        if w.size and (int(w.min()) < -64 or int(w.max()) > 64):
+            return "vnni"
+        need = "any"
+    return need

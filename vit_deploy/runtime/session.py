@@ -17,10 +17,10 @@ import onnxruntime as ort
 from vit_deploy.runtime.config import ViTConfig
 from vit_deploy.runtime.contract import FEATURES_NAME, LOGITS_NAME, PATCH_TOKENS_NAME
 from vit_deploy.runtime.buckets import BucketRunner, resolve_target
-from vit_deploy.runtime.cpu import int8_warning
+from vit_deploy.runtime.cpu import VNNI_CPU, int8_warning, meets
 from vit_deploy.runtime.manifest import Manifest, load_manifest
 from vit_deploy.runtime.manifest_parts import BundleError
-from vit_deploy.runtime.model_scan import inspect_model
+from vit_deploy.runtime.model_scan import inspect_model, int8_weights_need
 from vit_deploy.runtime.naflex_contract import METADATA_NAFLEX_KEY, NAFLEX_NOT_VIT
 from vit_deploy.runtime.ort_session import (RuntimeOptions, _check_manifest_against_model,
                                             _config_from_metadata, _session_options)
@@ -98,9 +98,13 @@ class ViTSession:
         if self.manifest is not None:
             _check_manifest_against_model(self.manifest, stored, self.model_path)
         self.config: ViTConfig | None = self.manifest.config if self.manifest else stored
-        # int8 with 8-bit weights saturates on x86 CPUs with AVX2 only (runtime/cpu.py)
-        self.cpu_warning = int8_warning(self.manifest.int8_cpu(precision) if self.manifest
-                                        else None, self.providers[0])
+        # int8 with 8-bit weights saturates on x86 CPUs with AVX2 only (runtime/cpu.py): on
+        # a CPU that could, the file's own weights say, not the recipe (a file swapped in
+        # or re-quantised by hand, a bare file without a manifest)
+        need = self.manifest.int8_cpu(precision) if self.manifest else None
+        if self.providers[0] == "CPUExecutionProvider" and meets(VNNI_CPU) is not True:
+            need = int8_weights_need(self.model_path) or need
+        self.cpu_warning = int8_warning(need, self.providers[0])
         if self.cpu_warning:
             warnings.warn(self.cpu_warning, RuntimeWarning, stacklevel=2)
         self.patch_size: int | None = self.config.patch_size if self.config else None

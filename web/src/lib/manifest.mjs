@@ -283,14 +283,19 @@ export function exactInt8(arch, flags) {
  * are Python's); null when exact or not int8. WebAssembly's kernels widen to 32 bits before
  * they add. `facts` ({ node, arch, flags }) override what the platform's `host` says
  * ({ node, arch, cpuFlags: async () => flags or null }); flags are read only when needed.
+ * `fromFile` (async () => 'vnni', 'any' or null: onnx-metadata's int8WeightsNeed), called
+ * only on a CPU that could saturate: the file's own weights decide over the recipe's claim,
+ * as Python's ViTSession.
  */
-export async function int8Warning(need, facts = {}, host = {}) {
+export async function int8Warning(need, facts = {}, host = {}, fromFile = null) {
   const node = facts.node ?? host.node ?? false;
-  if (need !== 'vnni' || !node) return null;
+  if (need == null || !node) return null;
   const arch = facts.arch ?? host.arch;
   const flags = facts.flags === undefined ? (await host.cpuFlags?.()) ?? null : facts.flags;
   const ok = exactInt8(arch, flags);
   if (ok) return null;
+  if (fromFile) need = (await fromFile()) ?? need;
+  if (need !== 'vnni') return null;
   return ok === false
     ? 'this int8 file has 8-bit weights, which this CPU (x86 with AVX2, no VNNI / AMX) ' +
       'saturates: expect wrong outputs (re-quantise with --int8-cpu any)'

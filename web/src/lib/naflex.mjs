@@ -13,6 +13,7 @@ import { naflexCheckReport, naflexReferences, verifyReferences } from './check.m
 import { BundleError, checkThreads, isInt, show } from './common.mjs';
 import { decodeImage } from './decode.mjs';
 import { bundleFile, checkNormalization, int8Recipe } from './manifest.mjs';
+import { batchCoupled } from './onnx-metadata.mjs';
 import { toRGB } from './preprocess.mjs';
 import { resize } from './resample.mjs';
 
@@ -272,7 +273,7 @@ export class NaFlex {
     return new this({ ort, session, preprocess, manifest, precision: manifest ? precision : null, url: url.href,
       bundle: base?.href ?? null, info: { backend: platform.runtime, provider, threads, fallback,
         ortVersion: ort.env.versions?.common ?? null, gpu: provider === 'webgpu' ? gpu ?? null : null,
-        splitBatches: manifest?.batchCoupled ?? false } });
+        splitBatches: await batchCoupled(await platform.modelReader(inputs.model), manifest?.batchCoupled ?? false) } });
   }
 
   /** The session, or an Error once release() has freed it. */

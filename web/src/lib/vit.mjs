@@ -7,7 +7,7 @@ import {
 } from './common.mjs';
 import { decodeImage } from './decode.mjs';
 import { bundleFile, int8Recipe, int8Warning, readManifest } from './manifest.mjs';
-import { modelMetadata } from './onnx-metadata.mjs';
+import { batchCoupled, int8WeightsNeed, modelMetadata } from './onnx-metadata.mjs';
 import { Preprocess } from './preprocess.mjs';
 import { labelsMismatch, requireFinite, topK } from './results.mjs';
 
@@ -98,8 +98,15 @@ export class ViT {
       ranOn = 'wasm';
       session = await ort.InferenceSession.create(model, { ...sessionOptions, executionProviders: ['wasm'] });
     }
+    let cpuWarning, splitBatches;
     try { // the manifest against the config the exporter stored in the model file itself
       checkAgainstModel(manifest, await modelMetadata(await platform.modelReader(model)), modelURL);
+      // int8 on a CPU that may saturate 8-bit weights: the file's own weights decide
+      const file = model;
+      cpuWarning = await int8Warning(manifest.int8Cpu[precision], {}, platform.cpu,
+        async () => int8WeightsNeed(await platform.modelReader(file)));
+      splitBatches = await batchCoupled(await platform.modelReader(model),
+        int8Recipe(raw, precision)?.kind === 'dynamic');
     } catch (e) {
       await session.release?.();
       throw e;
@@ -112,7 +119,6 @@ export class ViT {
       await session.release?.();
       throw new BundleError(labelsMismatch(manifest.labels.length, width, LOGITS, modelURL.href));
     }
-    const cpuWarning = await int8Warning(manifest.int8Cpu[precision], {}, platform.cpu);
     if (cpuWarning) console.warn(`vit-deploy: ${cpuWarning}`);
     const { threads: activeThreads, threadFallback, crossOriginIsolated } = platform.threadInfo(
       { ort, provider: ranOn, threads });
@@ -133,7 +139,7 @@ export class ViT {
       sessionMs: performance.now() - tFetched,
       // dynamic int8 quantises activations per tensor, coupling a batch's images: run them
       // one at a time (Python's Manifest.batch_coupled, ViTSession.split_batches)
-      splitBatches: int8Recipe(raw, precision)?.kind === 'dynamic',
+      splitBatches,
     };
     return new this({ ort, session, manifest, info, precision, url: base.href, allowLarge,
       preprocess: Preprocess.fromManifest(manifest) });
@@ -380,6 +386,6 @@ export function bindPlatform(platform) {
     ViT: class ViT extends Base { static platform = platform; },
     decodeImage: (src) => decodeImage(src, platform),
     bundleFile: (base, name, what) => bundleFile(base, name, what, platform.insideBundle),
-    int8Warning: (need, facts) => int8Warning(need, facts, platform.cpu),
+    int8Warning: (need, facts, fromFile) => int8Warning(need, facts, platform.cpu, fromFile),
   };
 }
