@@ -24,6 +24,7 @@ from huggingface_hub.file_download import repo_folder_name
 from safetensors.torch import save_file
 
 import transformers
+from local_paths import assert_names_no_local_path
 from vit_deploy.cli import main
 from vit_deploy.export.hub import HubError, parse_hub_name, resolve_hub
 from vit_deploy.export.model import build_model
@@ -132,7 +133,8 @@ def test_hf_name_exports_with_its_preprocessing_labels_and_commit(offline, tmp_p
     hub = m.export["source"]["hub"]
     assert (hub["checkpoint"], hub["repo_id"], hub["commit"], hub["revision"]) == (
         "hf:org/vit", "org/vit", COMMIT_A, "main")
-    assert m.export["source"]["labels_from"].endswith("config.json (id2label)")
+    assert m.export["source"]["labels_from"] == "config.json (id2label)"
+    assert_names_no_local_path(out, offline, tmp_path)
 
 
 @pytest.mark.parametrize("name,build,processor,expect", [

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 import transformers as T
+from local_paths import assert_names_no_local_path
 from siglip2_tiny import tiny_siglip2
 from vit_deploy.cli import main
 from vit_deploy.runtime import NaFlexSession, ViTSession, load_manifest, open_session
@@ -49,6 +50,13 @@ def images():
     rng = np.random.default_rng(0)
     return [rng.integers(0, 256, hw + (3,), dtype=np.uint8)
             for hw in ((40, 160), (160, 40), (90, 60), (64, 64), (30, 200))]
+
+
+def test_a_published_bundle_names_no_local_path(bundle, checkpoint):
+    """The manifest says which checkpoint by its folder's name; the graph keeps none of the
+    exporter's stack traces (absolute paths of this machine)."""
+    assert load_manifest(bundle).export["source"]["checkpoint"] == checkpoint.name
+    assert_names_no_local_path(bundle, checkpoint)
 
 
 def test_the_manifest_says_naflex_and_round_trips(bundle):

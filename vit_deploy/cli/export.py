@@ -249,7 +249,7 @@ def export_naflex_bundle(checkpoint: str | None, out: Path | None, *, naflex: bo
     out = out or Path(f"siglip2-naflex-{max_patches}")
     options = NaFlexBundleOptions(max_num_patches=max_patches, opset=opset, force=force,
                                   mean=pre.mean if pre else None, std=pre.std if pre else None,
-                                  source={**src.manifest_record(0), "checkpoint": str(checkpoint)})
+                                  source={**src.manifest_record(0), "checkpoint": src.name})
     screen = console()
     if not quiet:
         screen.print(f"exporting {model.cfg.name or 'SigLIP 2'} as NaFlex (at most "

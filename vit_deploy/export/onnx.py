@@ -109,6 +109,18 @@ def finalize(proto: onnx.ModelProto, *, config_json: str, renames: dict[str, str
     set_metadata(proto, {METADATA_CONFIG_KEY: config_json,
                          METADATA_LINEARS_KEY: json.dumps(linear_nodes_from_scopes(proto)),
                          **(metadata or {})})
+    strip_node_metadata(proto)
+
+
+def strip_node_metadata(proto: onnx.ModelProto) -> None:
+    """Drop what the exporter records on each node (name scopes, FX nodes, the Python stack
+    trace with this machine's absolute paths) and the doc strings: read once, by
+    linear_nodes_from_scopes, and never again; a published bundle carries no local path
+    (about half of a small model's bytes)."""
+    proto.graph.doc_string = ""
+    for node in proto.graph.node:
+        del node.metadata_props[:]
+        node.doc_string = ""
 
 
 def _name_grid_dims(proto: onnx.ModelProto) -> None:

@@ -87,11 +87,26 @@ class CheckpointSource:
                          f"{classes} classes: not used")
         record = dict(self.record)
         if self.preprocess is not None:
-            record["preprocess_from"] = self.preprocess.origin
+            record["preprocess_from"] = self.within(self.preprocess.origin)
         labels, origin = self._labels(classes)
         if labels is not None:
-            record["labels_from"] = origin
+            record["labels_from"] = self.within(origin)
         return record | ({"notes": [*record.get("notes", []), *notes]} if notes else {})
+
+    @property
+    def name(self) -> str:
+        """What the manifest calls the checkpoint: its hub name, else its file or folder's
+        name (a bundle is published: the local path it was exported from stays here)."""
+        return str(self.record.get("checkpoint") or self.path.name)
+
+    def within(self, origin: str) -> str:
+        """`origin` (a file beside the weights, maybe with a note) relative to the
+        checkpoint's folder: a manifest names no local path."""
+        folder = self.path if self.path.is_dir() else self.path.parent
+        for prefix in dict.fromkeys((str(folder.resolve()), str(folder))):
+            if prefix not in (".", "") and origin.startswith(prefix.rstrip("/") + "/"):
+                return origin[len(prefix.rstrip("/")) + 1:]
+        return origin
 
     def export_options(self, model: Any, options: Any) -> Any:
         """`options` (bundle.ExportOptions) with what came with the checkpoint: its
