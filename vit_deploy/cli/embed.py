@@ -10,6 +10,7 @@ import click
 from vit_deploy.cli.options import (MAX_BATCH, InputPath, console, force_option,
                                     precision_option, provider_option, quiet_option,
                                     refuse_clobber)
+from vit_deploy.ray import SHARD_SIZE
 
 
 @click.command()
@@ -23,9 +24,10 @@ from vit_deploy.cli.options import (MAX_BATCH, InputPath, console, force_option,
               help="Classes kept per image (1 to 1000000), best first.")
 @click.option("--batch", type=click.IntRange(1, MAX_BATCH), default=32, show_default=True,
               help=f"Images per model run (1 to {MAX_BATCH}).")
-@click.option("--shard-size", type=click.IntRange(1, 1_000_000), default=256,
+@click.option("--shard-size", type=click.IntRange(1, 1_000_000), default=SHARD_SIZE,
               show_default=True, help="Images per shard (1 to 1000000): the unit written "
-              "atomically and skipped when the job is run again after a kill.")
+              "atomically and skipped when the job is run again after a kill (what a kill "
+              "loses at most).")
 @click.option("--actors", type=click.IntRange(1, 4096), default=None,
               help="Sessions in the actor pool (1 to 4096; default: half the cluster's "
                    "CPUs over --cpus-per-actor).")

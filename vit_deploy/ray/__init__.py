@@ -11,3 +11,8 @@
 
 Nothing here is imported by the rest of vit_deploy, and this package imports nothing
 until a module of it is imported, so `vit-deploy --help` loads no ray."""
+
+# Images per shard of `embed` (the unit written atomically and skipped on a rerun): what a
+# kill loses at most. Shards are cut from one Ray Data stream, so a small one costs a file,
+# not a pipeline; 256 made 38 images one shard, lost whole to a kill 12 s in.
+SHARD_SIZE = 32

@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from vit_deploy.progress import Progress, silent
+from vit_deploy.ray import SHARD_SIZE
 from vit_deploy.runtime.contract import FEATURES_NAME, LOGITS_NAME
 from vit_deploy.runtime.manifest import load_manifest
 from vit_deploy.runtime.preprocess import Preprocess, group_by_shape
@@ -51,7 +52,7 @@ class EmbedOptions:
     precision: str = "fp32"
     top_k: int = 5
     batch: int = 32
-    shard_size: int = 256
+    shard_size: int = SHARD_SIZE
     actors: int | None = None
     cpus_per_actor: float = 1.0
     address: str = "local"
