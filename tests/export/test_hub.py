@@ -10,9 +10,7 @@ timm-layout state dict with timm's config.json written by hand.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import tempfile
 from pathlib import Path
 
@@ -20,10 +18,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 from huggingface_hub import scan_cache_dir
-from huggingface_hub.file_download import repo_folder_name
 from safetensors.torch import save_file
 
 import transformers
+from hub_cache import COMMIT_A, COMMIT_B, write_repo
 from local_paths import assert_names_no_local_path
 from vit_deploy.cli import main
 from vit_deploy.export.hub import HubError, parse_hub_name, resolve_hub
@@ -34,28 +32,7 @@ from vit_deploy.runtime.manifest import load_manifest
 
 SMALL = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=3, image_size=32,
              patch_size=8)
-COMMIT_A = "a" * 40
-COMMIT_B = "b" * 40
 NAMES = ("tench", "goldfish", "great white shark", "tiger shark", "hammerhead")
-
-
-def write_repo(cache: Path, repo_id: str, files: dict[str, bytes], *, commit: str,
-               refs: tuple[str, ...] = ("main",)) -> Path:
-    """One commit of a model repository in the hub cache: each file a blob named by its git
-    hash, a snapshots/<commit>/ entry linking to it, and refs/<name> holding the commit."""
-    repo = cache / repo_folder_name(repo_id=repo_id, repo_type="model")
-    snapshot = repo / "snapshots" / commit
-    for name, data in files.items():
-        blob = repo / "blobs" / hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        blob.write_bytes(data)
-        link = snapshot / name
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(os.path.relpath(blob, link.parent))
-    for ref in refs:
-        (repo / "refs" / ref).parent.mkdir(parents=True, exist_ok=True)
-        (repo / "refs" / ref).write_text(commit)
-    return snapshot
 
 
 def saved(obj) -> dict[str, bytes]:

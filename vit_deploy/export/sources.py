@@ -23,6 +23,8 @@ from typing import Any
 
 from vit_deploy.data import IMAGENET_CLASSES, imagenet_labels
 from vit_deploy.export.checkpoints import CheckpointError, _read_json
+from vit_deploy.export.checkpoints.defaults import (INT_SIZE_IS_SHORTEST_EDGE, processor_class,
+                                                  processor_with_defaults)
 from vit_deploy.runtime.config import check_normalization
 from vit_deploy.runtime.contract import INTERPOLATIONS, MIN_CROP_PCT
 from vit_deploy.runtime.manifest_parts import PreprocessSpec
@@ -148,7 +150,9 @@ def _read_metadata(path: Path, source: str) -> dict[str, Any]:
         config = _read_json(path / "config.json")
         pre = path / "preprocessor_config.json"
         labels = hf_labels(config, path / "config.json")
-        return {"preprocess": hf_preprocess(_read_json(pre), pre) if pre.is_file() else None,
+        preprocess = hf_preprocess(_read_json(pre), pre, config.get("model_type")) \
+            if pre.is_file() else None
+        return {"preprocess": preprocess,
                 "labels": labels, "labels_from": f"{path / 'config.json'} (id2label)"}
     beside = path.parent / "config.json"
     if path.is_file() and source in ("auto", "timm") and beside.is_file():
@@ -180,13 +184,15 @@ def hf_labels(config: dict[str, Any], where: Path) -> tuple[str, ...] | None:
     return names
 
 
-def _hw(value: Any, key: str, where: Path) -> tuple[int, int] | int:
-    """{height, width} -> (H, W); {shortest_edge} -> S; an int (older processors) -> (N, N)."""
+def _hw(value: Any, key: str, where: Path, *, int_is_edge: bool = False
+        ) -> tuple[int, int] | int:
+    """{height, width} -> (H, W); {shortest_edge} -> S; an int (older processors) -> (N, N),
+    or S where the processor reads a bare size as the shortest edge (`int_is_edge`)."""
     def ok(v: Any) -> bool:
         return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 16384
 
     if ok(value):
-        return (value, value)
+        return value if int_is_edge and key == "size" else (value, value)
     if isinstance(value, dict):
         if set(value) >= {"height", "width"} and ok(value["height"]) and ok(value["width"]):
             return (value["height"], value["width"])
@@ -208,9 +214,15 @@ def crop_pct_for(crop: int, resize: int) -> float:
     return pct
 
 
-def hf_preprocess(data: dict[str, Any], where: Path) -> SourcePreprocess:
+def hf_preprocess(data: dict[str, Any], where: Path, model_type: object = None
+                  ) -> SourcePreprocess:
     """preprocessor_config.json -> the manifest's rule (transformers' PIL backend's steps:
-    resize, centre crop, rescale, normalise)."""
+    resize, centre crop, rescale, normalise); a field left out is its processor class's
+    default, as transformers reads it (checkpoints.defaults; the class is the one the file
+    names, else the one transformers picks for config.json's `model_type`)."""
+    kind = processor_class(data, model_type)
+    data = processor_with_defaults(data, model_type)
+
     def flag(key: str, default: bool) -> bool:
         v = data.get(key, default)
         if not isinstance(v, bool):
@@ -243,7 +255,8 @@ def hf_preprocess(data: dict[str, Any], where: Path) -> SourcePreprocess:
                               f"their own size); the runtimes always resize: not supported")
     if "max_num_patches" in data and data.get("size") is None:
         return _naflex_processor(data, where, fields)
-    size = _hw(data.get("size"), "size", where)
+    size = _hw(data.get("size"), "size", where,
+               int_is_edge=kind in INT_SIZE_IS_SHORTEST_EDGE)
     crop = _hw(data["crop_size"], "crop_size", where) \
         if flag("do_center_crop", "crop_size" in data) else None
     if isinstance(size, int):  # shortest edge, aspect kept

@@ -39,4 +39,4 @@ KEYS = TowerKeys(layers=("encoder.layers.",), attention="self_attn.", out="out_p
                  mlp=("mlp.fc1", "mlp.fc2"), norms=("layer_norm1", "layer_norm2"),
                  patch="patch_embedding", tokens=tokens, patch_bias=False)
 FAMILY = Family("clip", ("clip_vision_model",), load_tower, KEYS, config,
-                normalisation=(OPENAI_CLIP_MEAN, OPENAI_CLIP_STD), norm_eps=1e-5)
+                normalisation=(OPENAI_CLIP_MEAN, OPENAI_CLIP_STD))

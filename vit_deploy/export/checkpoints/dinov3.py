@@ -37,4 +37,4 @@ KEYS = TowerKeys(layers=("layer.", "model.layer."), attention="attention.", out=
                  patch="patch_embeddings", tokens=tokens,
                  layer_scale=(("ls1.gamma", "layer_scale1.lambda1"),
                               ("ls2.gamma", "layer_scale2.lambda1")))
-FAMILY = Family("dinov3", ("dinov3_vit",), load_tower, KEYS, config, norm_eps=1e-5)
+FAMILY = Family("dinov3", ("dinov3_vit",), load_tower, KEYS, config)

@@ -47,7 +47,7 @@ def load_encoder(directory: Path, kind: str, hf: dict[str, Any], family: Family)
     intermediate = get.int("intermediate_size", None)
     mlp_ratio = get.number("mlp_ratio", 4.0)
     qkv_bias = get.bool("qkv_bias", True)
-    norm_eps = get.number("layer_norm_eps", family.norm_eps)
+    norm_eps = get.number("layer_norm_eps")
     registers = get.int("num_register_tokens", None, minimum=0)
     if width % heads:
         raise CheckpointError(f"{str(config_path)!r}: num_attention_heads {heads} does not "

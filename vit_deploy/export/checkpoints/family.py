@@ -20,7 +20,6 @@ class Family:
     keys: Any  # the key map `loader` walks: encoder.EncoderKeys, tower.TowerKeys
     config: Callable[..., dict[str, Any]]  # its own ViTConfig fields (what `loader` passes)
     normalisation: tuple = (IMAGENET_MEAN, IMAGENET_STD)  # without preprocessor_config.json
-    norm_eps: float = 1e-12  # without config.json's layer_norm_eps
 
     def detects(self, model_type: object) -> bool:
         return isinstance(model_type, str) and model_type in self.model_types

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from vit_deploy.export.checkpoints.clip import FAMILY as CLIP
+from vit_deploy.export.checkpoints.defaults import DUAL_ENCODERS, with_defaults
 from vit_deploy.export.checkpoints.dinov2 import FAMILY as DINOV2
 from vit_deploy.export.checkpoints.dinov3 import FAMILY as DINOV3
 from vit_deploy.export.checkpoints.errors import CheckpointError
@@ -44,8 +45,26 @@ def load_hf(directory: Path) -> ViT:
     require_file(config_path, "Hugging Face config")
     hf = _read_json(config_path)
     kind = hf.get("model_type")
+    if isinstance(kind, str) and kind in DUAL_ENCODERS:
+        kind, hf = _vision_config(hf, kind, config_path)
     family = family_of(kind)
     if family is None:
         raise CheckpointError(f"Hugging Face model_type {kind!r} is not supported; supported: "
-                              f"{sorted(HF_TYPES | TOWER_TYPES)}")
-    return family.loader(directory, kind, hf, family)
+                              f"{sorted(HF_TYPES | TOWER_TYPES | set(DUAL_ENCODERS))}")
+    return family.loader(directory, kind, with_defaults(kind, hf), family)
+
+
+def _vision_config(hf: dict, kind: str, config_path: Path) -> tuple[str, dict]:
+    """A dual encoder's image tower: its vision_config (absent: every field the default),
+    whose model_type, when given, must be the tower's."""
+    tower = DUAL_ENCODERS[kind]
+    vision = hf.get("vision_config", {})
+    if vision is None:
+        vision = {}
+    if not isinstance(vision, dict):
+        raise CheckpointError(f"{str(config_path)!r}: vision_config must be an object, got "
+                              f"{repr(vision)[:40]}")
+    if vision.get("model_type", tower) != tower:
+        raise CheckpointError(f"{str(config_path)!r}: a {kind!r} model's vision_config must "
+                              f"have model_type {tower!r}, got {vision['model_type']!r}")
+    return tower, {**vision, "model_type": tower}

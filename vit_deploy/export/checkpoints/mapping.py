@@ -18,9 +18,13 @@ from vit_deploy.export.model import ViT, build_model
 from vit_deploy.runtime.config import ViTConfig
 
 # Tensors a Hugging Face checkpoint may carry that do not change the features we export:
-# ViTModel's pooler (dense + tanh on the class token, not part of last_hidden_state) and
-# the masked-image-modelling token (used only with bool_masked_pos).
-HF_IRRELEVANT = (re.compile(r"pooler\."), re.compile(r"embeddings\.mask_token$"))
+# ViTModel's pooler (dense + tanh on the class token, not part of last_hidden_state), the
+# masked-image-modelling token (used only with bool_masked_pos), a dual encoder's text tower
+# and its logit scale / bias (CLIPModel, SiglipModel, Siglip2Model: the image tower is what
+# is exported), and the position_ids buffer older transformers saved.
+HF_IRRELEVANT = (re.compile(r"pooler\."), re.compile(r"embeddings\.mask_token$"),
+                 re.compile(r"text_model\."), re.compile(r"text_projection\."),
+                 re.compile(r"logit_(scale|bias)$"), re.compile(r"embeddings\.position_ids$"))
 
 
 def _check_mapping(spec: list[tuple[str, tuple[str, ...]]], have: Mapping[str, Any],

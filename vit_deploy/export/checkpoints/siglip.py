@@ -45,7 +45,6 @@ _BLOCKS = dict(layers=("encoder.layers.",), attention="self_attn.", out="out_pro
                patch="patch_embedding", map_head=True)
 _HALF = ((0.5,) * 3, (0.5,) * 3)
 FAMILY = Family("siglip", ("siglip_vision_model",), load_tower,
-                TowerKeys(tokens=tokens, **_BLOCKS), config, normalisation=_HALF, norm_eps=1e-6)
+                TowerKeys(tokens=tokens, **_BLOCKS), config, normalisation=_HALF)
 FAMILY2 = Family("siglip2", ("siglip2_vision_model",), load_tower,
-                 TowerKeys(tokens=tokens2, **_BLOCKS), config2, normalisation=_HALF,
-                 norm_eps=1e-6)
+                 TowerKeys(tokens=tokens2, **_BLOCKS), config2, normalisation=_HALF)

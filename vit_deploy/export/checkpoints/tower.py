@@ -92,7 +92,7 @@ def load_tower(directory: Path, kind: str, hf: dict[str, Any], family: Family) -
     width, depth = get.int("hidden_size"), get.int("num_hidden_layers")
     heads, patch = get.int("num_attention_heads"), get.pair("patch_size")
     in_chans, hidden = get.int("num_channels", 3), get.int("intermediate_size")
-    norm_eps = get.number("layer_norm_eps", family.norm_eps)
+    norm_eps = get.number("layer_norm_eps")
     act, gated = hf.get("hidden_act", "gelu"), get.bool("use_gated_mlp", False)
     if not isinstance(act, str) or act not in TOWER_ACTS:
         raise CheckpointError(f"{where}: hidden_act must be one of {sorted(TOWER_ACTS)}, the "
