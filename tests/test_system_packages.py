@@ -67,7 +67,8 @@ def test_make_test_and_check_arm64_install_what_they_run():
     for name in stamps:
         m = re.search(rf"^\$\({name}\):.*\n((?:\t.*\n)+)", makefile, re.M)
         recipes[name] = m.group(1).replace("\\\n", " ") if m else ""
-    needs = {"test": ["chromium:chromium", "qemu-x86_64:qemu-user", "strace:strace"],
+    needs = {"test": ["chromium:chromium", "qemu-x86_64:qemu-user", "strace:strace",
+                      "unshare:util-linux", "ip:iproute2"],
              "check-arm64": ["qemu-aarch64-static:qemu-user-static",
                              "update-binfmts:binfmt-support", "debootstrap:debootstrap"]}
     for target, pairs in needs.items():

@@ -38,9 +38,22 @@ def bundle(tmp_path_factory, make_tiny):
     return out
 
 
+def _offline(argv: list[str]) -> list[str]:
+    """`argv` in a network namespace of its own: loopback up, no route off this machine, so
+    nothing can leave whatever the trace below misses (as root, as `make test` runs; else in
+    a user namespace too). unshare is util-linux's, ip iproute2's (Makefile, SYSTEM_STAMP)."""
+    path = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
+    unshare, ip = shutil.which("unshare", path=path), shutil.which("ip", path=path)
+    assert unshare and ip, "unshare / ip are missing: `make test` installs them"
+    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    return [unshare, *user, "--net", "sh", "-c", f'"{ip}" link set lo up && exec "$@"', "sh",
+            *argv]
+
+
 def _run(tmp_path: Path, argv: list[str], **extra: str) -> tuple[list[str], list[str]]:
-    """Run `argv` as a user would (no CI variables, a fresh HOME); what it left in the event
-    store's folder and the network connect() calls it made."""
+    """Run `argv` as a user would (no CI variables, a fresh HOME), in a network namespace
+    with no route out; what it left in the event store's folder and the network connect()
+    and send calls it tried (a datagram sent without connect() names its address too)."""
     home = tmp_path / "home"
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir()
@@ -49,7 +62,8 @@ def _run(tmp_path: Path, argv: list[str], **extra: str) -> tuple[list[str], list
     trace = tmp_path / "connect.txt"
     strace = shutil.which("strace")
     assert strace, "strace is missing: `make test` installs it (Makefile, SYSTEM_STAMP)"
-    r = subprocess.run([strace, "-f", "-qq", "-e", "trace=connect", "-o", str(trace), *argv],
+    r = subprocess.run(_offline([strace, "-f", "-qq", "-e", "trace=connect,sendto,sendmsg",
+                                 "-o", str(trace), *argv]),
                        env=env | extra, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-2000:]
     store = home / STORE
