@@ -73,15 +73,18 @@ def shrunk(config: dict) -> dict:
 
 
 def build(config: dict) -> transformers.PreTrainedModel:
-    """The published architecture (config.json's `architectures`), random weights moved off
-    their initialisation (layer norms, layer scales), seed 0."""
+    """The published architecture (config.json's `architectures`; where it names none, the
+    model transformers' AutoModel makes of its model_type), random weights moved off their
+    initialisation (layer norms, layer scales), seed 0."""
     with tempfile.TemporaryDirectory() as d:
         Path(d, "config.json").write_text(json.dumps(config))
         cfg = transformers.AutoConfig.from_pretrained(d)
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = getattr(transformers, config["architectures"][0])(cfg).eval()
+        model = (getattr(transformers, config["architectures"][0])(cfg)
+                 if config.get("architectures") else transformers.AutoModel.from_config(cfg))
+        model.eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.02)
