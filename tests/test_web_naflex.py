@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import warnings
 from pathlib import Path
@@ -29,6 +30,7 @@ from PIL import Image
 
 from siglip2_tiny import tiny_siglip2
 from vit_deploy.cli import main
+from vit_deploy.runtime import RuntimeOptions, load_manifest
 
 pytestmark = pytest.mark.heavy  # an export, a quantisation, Node and Chromium (~1 min)
 
@@ -397,3 +399,75 @@ def test_check_in_node_agrees_with_python(bundle, python_check, tmp_path):
     assert got["broken"].startswith("BundleError: manifest ") and re.search(
         r"naflex_references\.cases\[1\]\.outputs\[\"pooled\"\] must be \{offset .* inside the "
         r"\d+-byte references\.bin, got", got["broken"]), got["broken"]
+
+
+# Each refusal of a NaFlex model too large for memory, in Node: `available` bytes stand in for
+# the machine's (a subclass's platform), so the verdict does not depend on this machine.
+GUARD = r"""
+import fs from 'node:fs';
+const web = await import(process.argv[2]);
+const job = JSON.parse(fs.readFileSync(process.argv[3], 'utf8'));
+class Small extends web.NaFlex {
+  static platform = { ...web.NaFlex.platform, availableMemory: async () => job.available };
+}
+const said = (p) => p.then(() => null, (e) => e.message);
+const out = {};
+out.budget = await said(Small.load(job.bundle, { maxNumPatches: job.huge }));
+out.allowed = await said(Small.load(job.bundle, { maxNumPatches: job.huge, allowLarge: true })
+  .then((n) => n.release()));
+const naflex = await Small.load(job.bundle, { maxNumPatches: job.fits });
+out.one = await said(naflex.features(job.images[0]));
+out.batch = await said(naflex.features(job.images));
+await naflex.release();
+out.references = await said(web.NaFlex.load(job.large_references));
+console.log(JSON.stringify(out));
+"""
+
+
+def test_both_runtimes_refuse_a_naflex_model_memory_cannot_hold(bundle, images, tmp_path,
+                                                                monkeypatch):
+    """NaFlex had no attention-memory guard: a budget of 65,536 patches ran out of memory.
+    With 1 GiB available (stood in on both sides), each runtime refuses a budget whose one
+    image cannot fit at load, before any image is read (allow_large / allowLarge lets it
+    load), runs one image at a budget that fits and refuses a batch of two at it (fp32 runs
+    a batch whole); a manifest whose golden reference images would take more than 2**24
+    values is refused before any is built (8192x8192 once took 6.3 GB)."""
+    from vit_deploy.runtime import sizes
+    from vit_deploy.runtime.naflex_session import NaFlexSession
+
+    available, huge, fits = 2**30, 16384, 4096  # 8 GiB of attention; 0.5 GiB: one, not two
+    large = tmp_path / "large-references"
+    shutil.copytree(bundle, large)
+    manifest = json.loads((large / "manifest.json").read_text())
+    manifest["naflex_references"]["cases"][0]["images"][0]["size"] = [4096, 4096]
+    (large / "manifest.json").write_text(json.dumps(manifest))
+
+    monkeypatch.setattr(sizes, "available_memory", lambda: available)
+    budget = rf"max_num_patches {huge} means {huge} tokens: attention needs about 8\.0 GiB, " \
+             r"and 1\.0 GiB are available; use a smaller max_num_patches \(or allow_large=True"
+    with pytest.raises(sizes.MemoryEstimateError, match=budget):
+        NaFlexSession(bundle, max_num_patches=huge)
+    NaFlexSession(bundle, max_num_patches=huge, options=RuntimeOptions(allow_large=True)).close()
+    with NaFlexSession(bundle, max_num_patches=fits) as s:
+        assert s.features(images[:1]).pooled.shape == (1, 64)
+        with pytest.raises(sizes.MemoryEstimateError, match=rf"pixel_values \(2, {fits}, 768\) means {fits} "
+                                              r"tokens: .* use fewer patches per image"):
+            s.features(images)
+    with pytest.raises(ValueError, match=r"16777216 pixel values at most"):
+        load_manifest(large)
+
+    job = {"bundle": str(bundle), "available": available, "huge": huge, "fits": fits,
+           "images": [str(p) for p in images], "large_references": str(large)}
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    (tmp_path / "guard.mjs").write_text(GUARD)
+    r = subprocess.run([_node(), str(tmp_path / "guard.mjs"), (WEB / "src" / "node.mjs").as_uri(),
+                        str(tmp_path / "job.json")], cwd=WEB, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert re.search(budget.replace("max_num_patches", "maxNumPatches")
+                     .replace(r"allow_large=True", r"allowLarge: true"), got["budget"]), got
+    assert got["allowed"] is None and got["one"] is None, got
+    assert re.search(rf"pixel_values \[2,{fits},768\] means {fits} tokens: .* use fewer patches "
+                     r"per image", got["batch"] or ""), got
+    assert "16777216 pixel values at most" in (got["references"] or ""), got

@@ -23,11 +23,11 @@ from vit_deploy.quantize import QuantOptions, quantize_model
 from vit_deploy.runtime.contract import PRECISION_FILES
 from vit_deploy.runtime.manifest import Manifest
 from vit_deploy.runtime.naflex import NAFLEX_OUTPUTS
+from vit_deploy.runtime.naflex_contract import NAFLEX_PRECISIONS
 from vit_deploy.runtime.naflex_references import REFERENCE_CASES, reference_image
 from vit_deploy.runtime.naflex_session import NaFlexSession
 from vit_deploy.runtime.ort_session import RuntimeOptions
 
-NAFLEX_PRECISIONS = ("fp16", "int8")
 JUDGED_ON = ("the 12 shipped photographs at their own aspect ratios, and 6 of them cropped "
              "to 1:1, 4:1, 1:4, 3:2, 2:3, 16:9 (width:height)")
 

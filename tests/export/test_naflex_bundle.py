@@ -155,12 +155,32 @@ def test_quantize_flags_a_naflex_bundle_cannot_apply_are_refused(bundle, flags):
 @pytest.mark.parametrize("flags, message", [
     (["--res", "224"], "--res cannot apply"),
     (["--static", "--layers", "1"], "--static, --layers cannot apply"),
+    # refused before writing (--smooth once was refused after the bundle was written)
+    (["--precision", "int8", "--smooth", "0.5"], "--smooth: not applied to a SigLIP 2 NaFlex"),
+    (["--precision", "fp16,int8-static"], "int8-static cannot apply"),
+    (["--precision", "int4", "--calib", "photos"], "int4 cannot apply"),
 ])
 def test_bad_combinations_are_one_line_errors(checkpoint, tmp_path, flags, message):
     r = CliRunner().invoke(main, ["export", "--checkpoint", str(checkpoint), "--naflex",
                                   *flags, "--out", str(tmp_path / "x")])
     assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("budget", [16384, 65536])
+def test_a_budget_memory_cannot_hold_is_refused_before_writing(checkpoint, tmp_path, budget,
+                                                               monkeypatch):
+    """`export --max-patches 65536` ran out of memory building its golden references; with
+    1 GiB available (stood in), it is refused up front, naming the budget and its estimate."""
+    from vit_deploy.runtime import sizes
+
+    monkeypatch.setattr(sizes, "available_memory", lambda: 2**30)
+    r = CliRunner().invoke(main, ["export", "--checkpoint", str(checkpoint), "--naflex",
+                                  "--max-patches", str(budget), "--out", str(tmp_path / "x")])
+    assert r.exit_code != 0 and "Traceback" not in r.output, r.output
+    assert f"max_num_patches {budget} means {budget} tokens: attention needs about" in r.output
+    assert "use a smaller --max-patches" in r.output and "allow_large" not in r.output
+    assert not any(tmp_path.iterdir()), "nothing written"
 
 
 def test_naflex_needs_a_siglip2_checkpoint(tmp_path):

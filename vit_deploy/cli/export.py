@@ -9,7 +9,7 @@ import click
 
 from vit_deploy.cli.options import (MAX_PATCH, MAX_SEED, RESOLUTION, PrecisionList, console,
                                     force_option, quant_options, quiet_option)
-from vit_deploy.cli.quantize import add_precisions
+from vit_deploy.cli.quantize import add_precisions, refuse_for_naflex
 from vit_deploy.runtime.config import POOLS, POS_EMBED_KINDS, VARIANTS
 from vit_deploy.runtime.contract import OPSET
 from vit_deploy.runtime.sizes import format_resolution
@@ -231,6 +231,7 @@ def export_naflex_bundle(checkpoint: str | None, out: Path | None, *, naflex: bo
     if checkpoint is None:
         raise click.UsageError("--naflex needs a SigLIP 2 --checkpoint (a siglip2 "
                                "save_pretrained directory or hf:ORG/NAME)")
+    refuse_for_naflex(precisions, **quant)  # before anything is written
     from vit_deploy.export.naflex_bundle import (NaFlexBundleOptions, export_naflex_bundle as
                                                  write_bundle, siglip2_checkpoint)
     from vit_deploy.export.sources import open_checkpoint

@@ -38,6 +38,31 @@ def quantize(bundle: Path, precisions: tuple[str, ...], force: bool, quiet: bool
     add_precisions(bundle, precisions, force=force, quiet=quiet, **quant)
 
 
+def refuse_for_naflex(precisions: tuple[str, ...], *, calib: str | None,
+                      eval_images: str | None, smooth: str, max_drop: float | None,
+                      eval_set: str | None, calib_method: str, calib_samples: int,
+                      float_head: bool, **_: Any) -> None:
+    """Exit 2 naming what a SigLIP 2 NaFlex bundle cannot take: a precision other than
+    NAFLEX_PRECISIONS, a flag that would not be applied. `export --naflex` asks before it
+    writes anything (it once refused --smooth after writing the bundle)."""
+    from vit_deploy.runtime.naflex_contract import NAFLEX_PRECISIONS
+
+    other = [p for p in dict.fromkeys(precisions) if p not in ("fp32", *NAFLEX_PRECISIONS)]
+    if other:
+        fail(2, f"a SigLIP 2 NaFlex bundle takes {', '.join(NAFLEX_PRECISIONS)} (quantised "
+                f"without NCHW calibration images); {', '.join(other)} cannot apply")
+    given = [flag for flag, value, default in (
+        ("--calib", calib, None), ("--eval", eval_images, None), ("--smooth", smooth, "auto"),
+        ("--max-drop", max_drop, None), ("--eval-set", eval_set, None),
+        ("--calib-method", calib_method, "minmax"), ("--calib-samples", calib_samples, 64),
+        ("--float-head", float_head, False)) if value != default]
+    if given:
+        fail(2, f"{' '.join(given)}: not applied to a SigLIP 2 NaFlex bundle: its int8 is "
+                f"dynamic (no calibration images, no smoothing), it has no classifier "
+                f"head, and it is judged on the shipped photographs at their own aspect "
+                f"ratios; leave {'it' if len(given) == 1 else 'them'} out")
+
+
 def add_precisions(bundle: Path, precisions: tuple[str, ...], *, force: bool, quiet: bool,
                    calib: str | None, eval_images: str | None, smooth: str, calib_method: str,
                    calib_samples: int, block_size: int, exclude: str, float_head: bool,
@@ -52,16 +77,9 @@ def add_precisions(bundle: Path, precisions: tuple[str, ...], *, force: bool, qu
     from vit_deploy.runtime.manifest import load_manifest
 
     if load_manifest(bundle, verify=False).naflex:  # never silently ignored
-        given = [flag for flag, value, default in (
-            ("--calib", calib, None), ("--eval", eval_images, None), ("--smooth", smooth, "auto"),
-            ("--max-drop", max_drop, None), ("--eval-set", eval_set, None),
-            ("--calib-method", calib_method, "minmax"), ("--calib-samples", calib_samples, 64),
-            ("--float-head", float_head, False)) if value != default]
-        if given:
-            fail(2, f"{' '.join(given)}: not applied to a SigLIP 2 NaFlex bundle: its int8 is "
-                    f"dynamic (no calibration images, no smoothing), it has no classifier "
-                    f"head, and it is judged on the shipped photographs at their own aspect "
-                    f"ratios; leave {'it' if len(given) == 1 else 'them'} out")
+        refuse_for_naflex(precisions, calib=calib, eval_images=eval_images, smooth=smooth,
+                          max_drop=max_drop, eval_set=eval_set, calib_method=calib_method,
+                          calib_samples=calib_samples, float_head=float_head)
     quant = QuantOptions(exclude=tuple(e.strip() for e in exclude.split(",") if e.strip()),
                          calibration=calib_method, block_size=block_size, head=not float_head,
                          cpu=int8_cpu)

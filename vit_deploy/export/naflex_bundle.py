@@ -39,6 +39,7 @@ from vit_deploy.runtime.naflex_contract import NAFLEX_LAYOUT, NAFLEX_RESIZE
 from vit_deploy.runtime.naflex_references import (REFERENCE_CASES, NaFlexReferences,
                                                   pack_naflex, reference_image)
 from vit_deploy.runtime.references import REFERENCES_FILE, REFERENCES_ROLE
+from vit_deploy.runtime.sizes import guard_tokens
 
 # Batches the export is judged on: (number of patches, each image's grid): one square, a
 # mixed batch of aspect ratios 1:16 .. 16:1 (up- and down-sampled table), tiny grids.
@@ -172,6 +173,10 @@ def export_naflex_bundle(src: ViT | str | Path, out: str | Path, *,
     cfg = model.cfg
     pre = NaFlexPreprocess(patch_size=cfg.patch_size, max_num_patches=options.max_num_patches,
                            mean=options.mean or cfg.mean, std=options.std or cfg.std)
+    # the golden references run at the budget: one whose attention cannot fit is refused
+    # before anything is written (65,536 patches once ran out of memory mid-export)
+    guard_tokens(options.max_num_patches, cfg, what=f"max_num_patches {options.max_num_patches}",
+                 advice="a smaller --max-patches", override=None)
     with atomic_directory(out, force=options.force) as tmp:
         progress("exporting the NaFlex graph")
         export_naflex_onnx(model, tmp / MODEL_FILE, opset=options.opset)

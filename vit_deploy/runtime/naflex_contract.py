@@ -16,6 +16,7 @@ MAX_NUM_PATCHES = 256  # Siglip2ImageProcessor's default
 PATCH_BUDGET_LIMIT = 65_536  # of max_num_patches: 200 MB of float32 per image at patch 16
 NAFLEX_RESIZE = "naflex"  # the manifest's preprocess.resize of a NaFlex bundle
 NAFLEX_LAYOUT = "patches"  # its preprocess.layout: (B, N, P*P*C), not NCHW
+NAFLEX_PRECISIONS = ("fp16", "int8")  # what quantize adds to one (no NCHW calibration images)
 # ViTSession's refusal of a NaFlex bundle or graph (formatted with path)
 NAFLEX_NOT_VIT = ("{path!r} is a SigLIP 2 NaFlex model (patches + mask + grids, any aspect "
                   "ratio), which ViTSession does not run: open it with NaFlexSession, or "

@@ -29,6 +29,9 @@ from vit_deploy.runtime.sizes import MAX_SIDE
 
 NAFLEX_IMAGE_GENERATOR = "mulberry32-rgb8-v1"
 MAX_IMAGES = 64  # per case
+# H x W x 3 summed over a case's images, checked before any is generated (float64 here:
+# 128 MiB at most; a manifest asking for 8192x8192 images once took 6.3 GB)
+MAX_VALUES = 2**24
 
 
 def reference_image(seed: int, size: tuple[int, int]) -> np.ndarray:
@@ -132,8 +135,10 @@ def parse_naflex_references(data: Any, files: Mapping[str, FileEntry], io: IOSpe
                   isinstance(im, dict) and _is_int(im.get("seed"), 0, 2**32 - 1)
                   and isinstance(im.get("size"), list) and len(im["size"]) == 2
                   and all(_is_int(v, 1, MAX_SIDE) for v in im["size"]) for im in images)
+              and sum(im["size"][0] * im["size"][1] * 3 for im in images) <= MAX_VALUES
               and isinstance(c.get("outputs"), dict) and bool(c["outputs"]), where, ca,
-              f"{{name, images: 1..{MAX_IMAGES} of {{seed, size: [H, W]}}, outputs}}", c)
+              f"{{name, images: 1..{MAX_IMAGES} of {{seed, size: [H, W]}} ({MAX_VALUES} "
+              f"pixel values at most), outputs}}", c)
         outputs = {}
         for name, o in c["outputs"].items():
             _need(name in names and isinstance(o, dict) and _is_int(o.get("offset"))

@@ -30,6 +30,7 @@ from vit_deploy.runtime.preprocess import ImageInput
 from vit_deploy.runtime.providers import ProviderSpec, parse_providers
 from vit_deploy.runtime.session import ViTSession
 from vit_deploy.runtime.swap import recover_on_open
+from vit_deploy.runtime.sizes import guard_tokens
 
 
 class NaFlexInputError(VitDeployError, ValueError):
@@ -107,6 +108,15 @@ class NaFlexSession:
         self.preprocess = NaFlexPreprocess(
             patch_size=cfg.patch_size, max_num_patches=budget,
             mean=spec.mean if spec else cfg.mean, std=spec.std if spec else cfg.std)
+        self.allow_large = options.allow_large
+        # every image is resized to fill its budget: a budget whose attention cannot fit
+        # is refused before any image is read (as ViTSession refuses such a size)
+        self._guard(budget, 1, f"max_num_patches {budget}", "a smaller max_num_patches")
+
+    def _guard(self, tokens: int, batch: int, what: str, advice: str) -> None:
+        if not self.allow_large:
+            guard_tokens(tokens, self.config, batch=batch, what=what, advice=advice,
+                         override="allow_large=True")
 
     def __enter__(self) -> NaFlexSession:
         return self
@@ -132,6 +142,9 @@ class NaFlexSession:
         session = self._live()
         require_arg("batch", batch, NaFlexBatch, "a NaFlexBatch (session.preprocess(images))")
         self.validate(batch)
+        B, N = batch.pixel_values.shape[:2]
+        self._guard(N, 1 if self.split_batches else B,
+                    f"{PIXEL_VALUES} {batch.pixel_values.shape}", "fewer patches per image")
         if self.split_batches and len(batch.pixel_values) > 1:
             rows = [session.run(None, NaFlexBatch(*(a[i:i + 1] for a in batch)).feeds())
                     for i in range(len(batch.pixel_values))]

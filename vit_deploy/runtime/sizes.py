@@ -76,6 +76,11 @@ def attention_bytes(height: int, width: int, cfg: ViTConfig, *, batch: int = 1,
     (2 × heads × T²) plus the block's activations (≈ 8 × T × D), per image. T counts every
     token attention sees: the patches and all prefix tokens (class, distillation, registers)."""
     tokens = (height // cfg.patch_size) * (width // cfg.patch_size) + cfg.num_prefix_tokens
+    return token_bytes(tokens, cfg, batch=batch, dtype_bytes=dtype_bytes)
+
+
+def token_bytes(tokens: int, cfg: ViTConfig, *, batch: int = 1, dtype_bytes: int = 4) -> int:
+    """attention_bytes for a sequence of `tokens` (a NaFlex batch: its padded patch count)."""
     return batch * dtype_bytes * (2 * cfg.heads * tokens * tokens + 8 * tokens * cfg.width)
 
 
@@ -98,12 +103,22 @@ def guard_memory(height: int, width: int, cfg: ViTConfig, *, batch: int = 1,
                  fraction: float = MEMORY_FRACTION) -> int:
     """Refuse (MemoryEstimateError) a size whose estimate exceeds `fraction` of the
     available memory; returns the estimate in bytes."""
-    need = attention_bytes(height, width, cfg, batch=batch)
+    tokens = (height // cfg.patch_size) * (width // cfg.patch_size) + cfg.num_prefix_tokens
+    return guard_tokens(tokens, cfg, batch=batch, fraction=fraction,
+                        what=f"{height}x{width} (batch {batch})")
+
+
+def guard_tokens(tokens: int, cfg: ViTConfig, *, batch: int = 1, what: str,
+                 fraction: float = MEMORY_FRACTION, advice: str = "a smaller size",
+                 override: str | None = "--force / allow_large=True") -> int:
+    """guard_memory for a sequence of `tokens` per image (`what` names where they come
+    from in the message, `override` how to try anyway, None: no way); returns the estimate
+    in bytes."""
+    need = token_bytes(tokens, cfg, batch=batch)
     have = available_memory()
     if have is not None and need > fraction * have:
-        tokens = (height // cfg.patch_size) * (width // cfg.patch_size) + cfg.num_prefix_tokens
         raise MemoryEstimateError(
-            f"{height}x{width} (batch {batch}) means {tokens} tokens: attention needs about "
-            f"{need / 2**30:.1f} GiB, and {have / 2**30:.1f} GiB are available; use a smaller "
-            f"size (or --force / allow_large=True to try anyway)")
+            f"{what} means {tokens} tokens: attention needs about {need / 2**30:.1f} GiB, and "
+            f"{have / 2**30:.1f} GiB are available; use {advice}"
+            + (f" (or {override} to try anyway)" if override else ""))
     return need

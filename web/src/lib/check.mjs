@@ -21,6 +21,7 @@ export const GENERATOR = 'mulberry32-uniform-v1';
 const NAFLEX_GENERATOR = 'mulberry32-rgb8-v1'; // runtime/naflex_references.py's images
 const NAFLEX_MAX_IMAGES = 64; // a case's, as Python's MAX_IMAGES
 const NAFLEX_MAX_CASES = 64; // as Python's references.MAX_CASES
+const NAFLEX_MAX_VALUES = 2 ** 24; // H x W x 3 over a case's images, as Python's MAX_VALUES
 
 /** The policy a precision is judged by: int8-static as int8 (as Python's tolerance_class). */
 export function toleranceClass(precision) {
@@ -260,10 +261,10 @@ export function naflexReferences(m, declared, where = 'manifest') {
       images.length >= 1 && images.length <= NAFLEX_MAX_IMAGES && images.every((im) =>
       isInt(im?.seed) && im.seed <= 0xffffffff && Array.isArray(im.size) && im.size.length === 2 &&
         im.size.every((v) => isInt(v, 1) && v <= MAX_SIDE)) &&
-      images.reduce((n, im) => n + im.size[0] * im.size[1] * 3, 0) <= MAX_SIDE * MAX_SIDE &&
+      images.reduce((n, im) => n + im.size[0] * im.size[1] * 3, 0) <= NAFLEX_MAX_VALUES &&
       c.outputs !== null && typeof c.outputs === 'object' && Object.keys(c.outputs).length > 0, here,
-    `{name, images: 1..${NAFLEX_MAX_IMAGES} of {seed, size: [H, W]} (${MAX_SIDE * MAX_SIDE} ` +
-      'bytes of pixels at most), outputs}', c);
+    `{name, images: 1..${NAFLEX_MAX_IMAGES} of {seed, size: [H, W]} (${NAFLEX_MAX_VALUES} ` +
+      'pixel values at most), outputs}', c);
     for (const name of Object.keys(c.outputs)) {
       need(declared.includes(name), `${here}.outputs`, `outputs the graph has (${show(declared)})`, name);
     }

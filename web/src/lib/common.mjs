@@ -84,8 +84,12 @@ export function checkTopK(k) {
  * { patchSize, heads, width, prefixTokens }.
  */
 export function attentionBytes(height, width, config, batch = 1) {
-  return batch * 4 * (2 * config.heads * tokensOf(height, width, config) ** 2 +
-    8 * tokensOf(height, width, config) * config.width);
+  return tokenBytes(tokensOf(height, width, config), config, batch);
+}
+
+/** attentionBytes for a sequence of `tokens` (a NaFlex batch: its padded patch count). */
+export function tokenBytes(tokens, config, batch = 1) {
+  return batch * 4 * (2 * config.heads * tokens ** 2 + 8 * tokens * config.width);
 }
 
 const tokensOf = (height, width, { patchSize: P, prefixTokens }) =>
@@ -98,12 +102,21 @@ const tokensOf = (height, width, { patchSize: P, prefixTokens }) =>
  */
 export function guardMemory(height, width, config, { batch = 1, available = null,
   fraction = MEMORY_FRACTION } = {}) {
-  const need = attentionBytes(height, width, config, batch);
+  return guardTokens(tokensOf(height, width, config), config,
+    { batch, available, fraction, what: `${height}x${width} (batch ${batch})` });
+}
+
+/**
+ * guardMemory for a sequence of `tokens` per image (Python's sizes.guard_tokens): `what`
+ * names where they come from, `advice` what to use instead.
+ */
+export function guardTokens(tokens, config, { batch = 1, available = null,
+  fraction = MEMORY_FRACTION, what, advice = 'a smaller size' } = {}) {
+  const need = tokenBytes(tokens, config, batch);
   if (available !== null && need > fraction * available) {
     const gib = (n) => (n / 2 ** 30).toFixed(1);
-    throw new Error(`${height}x${width} (batch ${batch}) means ${tokensOf(height, width, config)} ` +
-      `tokens: attention needs about ${gib(need)} GiB, and ${gib(available)} GiB are available; ` +
-      'use a smaller size (or allowLarge: true to try anyway)');
+    throw new Error(`${what} means ${tokens} tokens: attention needs about ${gib(need)} GiB, ` +
+      `and ${gib(available)} GiB are available; use ${advice} (or allowLarge: true to try anyway)`);
   }
   return need;
 }
