@@ -278,6 +278,36 @@ def test_a_mask_that_is_not_the_grid_then_padding_is_refused(bundle, images, pla
         assert s.run(batch)["pooled"].shape[0] == len(images)  # the batch as built runs
 
 
+@pytest.mark.parametrize("shape", [[6, 2**62, 2**62], [6, 2**32, 2**32, 16]])
+def test_a_reference_shape_that_overflows_is_a_manifest_error(bundle, tmp_path, shape):
+    """A hand-edited output shape whose size wraps int64 passed the bounds check and failed
+    later with a traceback; both runtimes now read it as too large for references.bin."""
+    edited = tmp_path / "b"
+    shutil.copytree(bundle, edited)
+    m = json.loads((edited / "manifest.json").read_text())
+    m["naflex_references"]["cases"][0]["outputs"]["pooled"]["shape"] = shape
+    (edited / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(BundleError, match=r"naflex_references\.cases\[0\]\.outputs\['pooled'\] "
+                                          r"must be inside the \d+-byte references\.bin"):
+        load_manifest(edited)
+    r = CliRunner().invoke(main, ["check", str(edited), "--reference", "bundle"])
+    assert r.exit_code == 2 and "Traceback" not in r.output and "references.bin" in r.output, \
+        r.output
+
+
+@pytest.mark.parametrize("provider", ["openvino", "openvino:gpu", "cpu,openvino"])
+def test_openvino_is_refused_naming_what_runs_naflex(bundle, tmp_path, provider):
+    """OpenVINO (the openvino package) runs NCHW bundles only; a NaFlex bundle asked to run on
+    it said 'this onnxruntime build lists only [...]' (ONNX Runtime was asked instead)."""
+    image = tmp_path / "x.png"
+    Image.new("RGB", (64, 40), "gray").save(image)
+    r = CliRunner().invoke(main, ["predict", str(bundle), str(image), "--features",
+                                  str(tmp_path / "f.npz"), "--provider", provider])
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert "NaFlexSession runs through ONNX Runtime only" in r.output and "openvino-ep" in r.output
+    assert not (tmp_path / "f.npz").exists()
+
+
 @pytest.mark.parametrize("budget", [0, -3, True, 2.5, 65_537])
 def test_a_budget_that_is_not_a_patch_count_is_refused(bundle, budget):
     """max_num_patches=0 was read as 'not given' (the bundle's 64 ran)."""

@@ -16,6 +16,8 @@ JavaScript runtime) so no reader of that part meets inputs it cannot make.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +50,7 @@ class NaFlexOutput:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape)) * 4
+        return 4 * math.prod(self.shape)  # exact: np.prod of a hand-edited shape wraps
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -27,7 +27,7 @@ from vit_deploy.runtime.naflex import (ATTENTION_MASK, METADATA_NAFLEX_KEY, NAFL
 from vit_deploy.runtime.ort_session import (RuntimeOptions, _config_from_metadata,
                                             _create_session)
 from vit_deploy.runtime.preprocess import ImageInput
-from vit_deploy.runtime.providers import ProviderSpec, parse_providers
+from vit_deploy.runtime.providers import ProviderSpec, is_openvino, parse_providers
 from vit_deploy.runtime.session import ViTSession
 from vit_deploy.runtime.swap import recover_on_open
 from vit_deploy.runtime.sizes import guard_tokens
@@ -86,8 +86,14 @@ class NaFlexSession:
         coupled = inspect_model(path, set(self.manifest.files) if self.manifest else None)
         self.split_batches = (coupled if options.split_batches is None
                               else options.split_batches)
+        providers = parse_providers(provider)
+        if any(is_openvino(p.name) for p in providers):  # ORT said "not in this build"
+            raise NaFlexInputError(
+                f"provider {', '.join(p.alias for p in providers)}: NaFlexSession runs through ONNX Runtime only; OpenVINO "
+                f"(the openvino package) runs NCHW bundles. Use cpu, cuda or tensorrt, or "
+                f"openvino-ep with an onnxruntime-openvino build")
         self.session, self.fallback_reason, _ = _create_session(
-            path, parse_providers(provider), options, fallback=False)
+            path, providers, options, fallback=False)
         self.precision, self.providers = precision, self.session.get_providers()
         self.output_names = list(NAFLEX_OUTPUTS)
         meta = self.session.get_modelmeta().custom_metadata_map

@@ -57,7 +57,7 @@ test('bad options and inputs are refused, saying what was expected and what was 
   assert.throws(() => new NaFlexPreprocess().batch({ data: new Uint8Array(5), width: 2, height: 1 }),
     /3 or 4 bytes a pixel, got 5 bytes for 2x1/);
   await assert.rejects(NaFlex.load('/nonexistent/model.onnx', { threads: 0 }), /threads must be an integer from 1 to 256/);
-  await assert.rejects(NaFlex.load('/nonexistent/model.onnx'), /could not create a session/);
+  await assert.rejects(NaFlex.load('/nonexistent/model.onnx'), /model \/nonexistent\/model.onnx could not be read \(ENOENT\)/);
 });
 
 function show(v) { return JSON.stringify(v).replace(/[[\]]/g, '\\$&'); }

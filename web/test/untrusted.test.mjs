@@ -11,7 +11,7 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
 import { before, test } from 'node:test';
 
 import {
-  BundleError, bundleFile, checkNormalization, OutputError, Preprocess, readManifest, ViT,
+  BundleError, bundleFile, checkNormalization, NaFlex, OutputError, Preprocess, readManifest, ViT,
 } from '../src/vit-deploy.mjs';
 import { DIR, IMAGES } from '../testing/fixtures.mjs';
 
@@ -120,6 +120,43 @@ test('a model file that is a symlink leaving the bundle is refused (5 kinds of l
     await assert.rejects(ViT.load(dir, { threads: 1 }), (e) => e instanceof BundleError &&
       /outside the bundle/.test(e.message), kind);
   }
+});
+
+test('a FIFO or a device in place of a bundle file, an image or a model is refused at once, never read', {
+  timeout: 60_000, // a blocking open of the FIFO would hang here (it did) until this fails it
+}, async () => {
+  const fifo = (file) => {
+    fs.rmSync(file);
+    const r = spawnSync('mkfifo', [file]);
+    assert.equal(r.status, 0, `mkfifo ${file}: ${r.stderr}`);
+  };
+  for (const name of ['manifest.json', 'model.onnx']) {
+    const dir = copy(() => {});
+    fifo(path.join(dir, name));
+    await assert.rejects(ViT.load(dir, { threads: 1, verify: false }), (e) => e instanceof BundleError &&
+      e.message.includes('is a FIFO (named pipe), not a file; refused'), name);
+  }
+  const device = copy(() => {});
+  fs.rmSync(path.join(device, 'model.onnx'));
+  fs.symlinkSync('/dev/zero', path.join(device, 'model.onnx'));
+  await assert.rejects(ViT.load(device, { threads: 1, verify: false }), (e) => e instanceof BundleError &&
+    /is a character device, not a file|outside the bundle/.test(e.message));
+  const dir = copy(() => {});
+  const vit = await ViT.load(dir, { threads: 1 });
+  const image = path.join(TMP, 'image-fifo.png');
+  fs.copyFileSync(IMAGE, image);
+  fifo(image);
+  for (const src of [image, '/dev/zero']) {
+    await assert.rejects(vit.classify(src), (e) => e.name === 'ImageError' &&
+      /is a (FIFO \(named pipe\)|character device), not a file; refused/.test(e.message), src);
+  }
+  await vit.release();
+  const naflex = path.join(TMP, 'naflex-fifo');
+  fs.mkdirSync(naflex);
+  fs.closeSync(fs.openSync(path.join(naflex, 'model.onnx'), 'w'));
+  fifo(path.join(naflex, 'model.onnx'));
+  await assert.rejects(NaFlex.load(naflex, { threads: 1 }), (e) => e instanceof BundleError &&
+    e.message.includes('is a FIFO (named pipe), not a file; refused'));
 });
 
 test("web.json's external data names go through the same rule", async () => {

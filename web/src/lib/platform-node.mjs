@@ -1,6 +1,7 @@
 // Node: what only Node does, behind the interface both platform modules share (see vit.mjs's
 // ViT.load). Files on disk (file: URLs and paths, symlinks resolved), PNG and JPEG decoding
 // with pngjs and jpeg-js, onnxruntime-node's CPU provider, /proc/cpuinfo for int8.
+import { constants } from 'node:fs';
 import { open, readFile, realpath } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -33,13 +34,44 @@ export async function insideBundle(base, url, what, name) {
   }
 }
 
+// What a file that is not a regular file is, in words (Python's runtime/files.py file_kind).
+const fileKind = (info) => (info.isDirectory() ? 'a directory' : info.isFIFO() ? 'a FIFO (named pipe)'
+  : info.isCharacterDevice() ? 'a character device' : info.isBlockDevice() ? 'a block device'
+    : info.isSocket() ? 'a socket' : 'not a regular file');
+
+/**
+ * A file handle of `target` if it is a regular file (symlinks followed), else a BundleError
+ * saying what it is (Python's read_regular): opened without blocking and checked before any
+ * read, so a FIFO is refused at once (it hung the reader) and /dev/zero is never read.
+ */
+async function openRegular(target, what, Refusal = BundleError) {
+  const handle = await open(target, constants.O_RDONLY | constants.O_NONBLOCK);
+  const info = await handle.stat();
+  if (!info.isFile()) {
+    await handle.close();
+    const name = target instanceof URL ? fileURLToPath(target) : target;
+    throw new Refusal(`${what} ${show(name)} is ${fileKind(info)}, not a file; refused`);
+  }
+  return { handle, size: info.size };
+}
+
+async function readRegular(url, what, encoding, Refusal = BundleError) {
+  const { handle } = await openRegular(url, what, Refusal);
+  try {
+    return await handle.readFile(encoding);
+  } finally {
+    await handle.close();
+  }
+}
+
 /** The text of a file of the bundle (from disk for file: URLs); null when `optional` and
  * it is not there. */
 export async function readText(url, what, { optional = false } = {}) {
   if (url.protocol !== 'file:') return fetchText(url, what, { optional });
   try {
-    return await readFile(url, 'utf8');
+    return await readRegular(url, what, 'utf8');
   } catch (e) {
+    if (e instanceof BundleError) throw e;
     if (optional && e.code === 'ENOENT') return null;
     throw new BundleError(`${what} ${url.pathname} could not be read (${e.code ?? e.message})`);
   }
@@ -49,8 +81,9 @@ export async function readText(url, what, { optional = false } = {}) {
 export async function readBytes(url, what) {
   if (url.protocol !== 'file:') return fetchBytes(url, what);
   try {
-    return new Uint8Array(await readFile(url));
+    return new Uint8Array(await readRegular(url, what));
   } catch (e) {
+    if (e instanceof BundleError) throw e;
     throw new BundleError(`${what} ${url.pathname} could not be read (${e.code ?? e.message})`);
   }
 }
@@ -72,8 +105,9 @@ export async function decode(src) {
   if (typeof src === 'string' || src instanceof URL) {
     what = `image ${JSON.stringify(String(src))}`;
     try {
-      bytes = await readFile(src);
+      bytes = await readRegular(src, 'image', undefined, ImageError);
     } catch (e) {
+      if (e instanceof ImageError) throw e;
       throw new ImageError(`${what} could not be read (${e.code ?? e.name}: ${e.message})`);
     }
   } else if (src instanceof ArrayBuffer) {
@@ -133,7 +167,13 @@ export async function loadOrt(backend) {
 export async function sessionInputs({ threads, modelURL, external, base }) {
   const options = { executionProviders: ['cpu'] };
   if (threads) options.intraOpNumThreads = threads;
-  if (modelURL.protocol === 'file:') return { model: fileURLToPath(modelURL), options, downloaded: 0 };
+  if (modelURL.protocol === 'file:') {
+    // onnxruntime-node opens the path itself: a FIFO there would block it for good
+    await openRegular(fileURLToPath(modelURL), 'model').then(({ handle }) => handle.close(), (e) => {
+      throw e instanceof BundleError ? e : new BundleError(`model ${modelURL.pathname} could not be read (${e.code ?? e.message})`);
+    });
+    return { model: fileURLToPath(modelURL), options, downloaded: 0 };
+  }
   const model = await fetchBytes(modelURL, 'model');
   let downloaded = model.byteLength;
   if (external.length) {
@@ -162,8 +202,7 @@ export async function modelReader(model) {
   if (typeof model !== 'string') {
     return { size: model.byteLength, read: async (at, n) => model.subarray(at, at + n) };
   }
-  const handle = await open(model, 'r');
-  const { size } = await handle.stat();
+  const { handle, size } = await openRegular(model, 'model');
   return {
     size,
     read: async (at, n) => {
