@@ -223,6 +223,31 @@ def test_requests_are_batched_by_ray_serve(url, runtime):
     assert 1 < seen <= 4  # @serve.batch merged requests, never past --max-batch
 
 
+def test_slow_bodies_are_cut_and_never_keep_health_out(served, url):
+    """`serve --ray` lacked `serve`'s slow-body protection: 33 clients that sent headers and
+    the first bytes of a body held every replica slot (2 replicas x 4 x --max-batch 4) and
+    every endpoint waited, /health too. A replica now cuts a body under the minimum rate
+    (8 KiB/s over 5 s) with 408, freeing its slot: with 48 such clients open, /health and a
+    prediction answer within the window, and each slow client has its 408."""
+    from test_server_hostile import _closed_by_server, _connect, _slow_openings
+
+    slow = [_connect(served["port"], opening) for opening in _slow_openings(NAME) * 16]
+    t0 = time.monotonic()
+    time.sleep(1.0)  # every body is being read
+    assert httpx.get(f"{url}/health", timeout=30).status_code == 200
+    x = _pixels(1, seed=3)
+    r = httpx.post(f"{url}/v2/models/{NAME}/infer", timeout=30, json={"inputs": [
+        {"name": "pixel_values", "shape": list(x.shape), "datatype": "FP32",
+         "data": x.ravel().tolist()}]})
+    assert r.status_code == 200 and time.monotonic() - t0 < 15, time.monotonic() - t0
+    closed, sent = _closed_by_server(slow, within=20.0)
+    assert closed == len(slow), (closed, len(slow))
+    assert all(d.startswith(b"HTTP/1.1 408") and b"minimum body rate" in d for d in sent), \
+        Counter(d[:60] for d in sent)
+    for s in slow:
+        s.close()
+
+
 def test_a_replica_killed_under_load_and_the_service_answers_again(cluster, url, runtime):
     x = _pixels(1, seed=4)
     expected = runtime.run_all(x)[LOGITS_NAME]

@@ -31,6 +31,7 @@ from vit_deploy.serve.app import make_app
 from vit_deploy.serve.batcher import Batcher, _Job
 from vit_deploy.serve.errors import Failure, busy, describe
 from vit_deploy.serve.metrics import collector_registry
+from vit_deploy.serve.pace import BodyPace
 from vit_deploy.triton import model_name as checked_model_name
 
 DEPLOYMENT = "ViTReplica"  # the deployment's name in Ray Serve (status, logs, config files)
@@ -141,13 +142,16 @@ class RayBatcher(Batcher):
 
 def replica_app(session: Any, options: RayServeOptions) -> Any:
     """The FastAPI app a replica serves: `make_app`'s, with a RayBatcher as its batch worker
-    (and its metrics registry over that batcher)."""
+    (and its metrics registry over that batcher), reading bodies within `BodyPace`."""
     app = make_app(session, max_batch=options.max_batch, max_wait_ms=options.max_wait_ms,
                    top_k=options.top_k, model_name=options.model_name)
     batcher = RayBatcher(session, max_batch=options.max_batch, max_wait_ms=options.max_wait_ms,
                          top_k=options.top_k)
     app.state.batcher = batcher
     app.state.registry = collector_registry(batcher)
+    # the proxy streams a body in while the request holds a replica slot: `serve`'s body
+    # timeout and minimum rate, here (slow clients held every slot, /health too)
+    app.add_middleware(BodyPace)
     return app
 
 
