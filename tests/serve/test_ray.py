@@ -210,6 +210,13 @@ def test_two_replicas_on_two_nodes_answer_as_the_runtime(cluster, url, runtime):
     assert httpx.get(f"{url}/health", timeout=10).json()["status"] == "ok"
 
 
+def test_quiet_serve_prints_the_url_and_nothing_of_rays(served, cluster, url):
+    """`serve --ray -q` printed Ray's own lines on stderr (the token notice, "Started Serve",
+    "Application ... is ready"); now stdout holds the URL and stderr nothing at all."""
+    log = (Path(cluster["temp"]) / "serve.log").read_text()
+    assert served["url"].startswith("http://127.0.0.1:") and log == "", log[-2000:]
+
+
 def test_requests_are_batched_by_ray_serve(url, runtime):
     x = _pixels(1, seed=9)
     body = {"inputs": [{"name": "pixel_values", "shape": list(x.shape), "datatype": "FP32",

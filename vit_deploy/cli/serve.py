@@ -136,4 +136,4 @@ def _serve_with_ray(bundle: Path, address: str | None, config: Path | None, host
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--ray") from None
     serve_on_cluster(bundle, ray_options, address=address, host=host, port=port,
-                     on_ready=ready)
+                     on_ready=ready, quiet=quiet)

@@ -47,9 +47,14 @@ def check_address(address: str) -> str:
     return text
 
 
+QUIET_LOGGERS = ("ray", "ray.serve", "ray.data")  # what -q silences below ERROR
+
+
 @contextlib.contextmanager
-def connected(address: str) -> Iterator[None]:
-    """ray.init on `address` (check_address), its logs kept out of stdout; shut down after."""
+def connected(address: str, *, quiet: bool = False) -> Iterator[None]:
+    """ray.init on `address` (check_address), its logs kept out of stdout; shut down after.
+    `quiet` (the commands' -q): Ray's and Ray Serve's own lines below errors are dropped too
+    (the token notice, "Started Serve", "Application ... is ready")."""
     address = check_address(address)
     if address not in ("auto", "local"):
         reachable(address)
@@ -59,10 +64,14 @@ def connected(address: str) -> Iterator[None]:
         if not any(os.environ.get(name) for name in RAY_AUTH):  # nothing into ~/.ray
             os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)  # Ray turns token mode on
     try:
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False, **local)
+        ray.init(address=address, logging_level=logging.ERROR if quiet else logging.WARNING,
+                 log_to_driver=False, **local)
     except ConnectionError as e:
         raise ConnectionError(f"cannot join the Ray cluster at {address!r}: "
                               f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    if quiet:
+        for name in QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)
     try:
         yield
     finally:
@@ -197,7 +206,7 @@ def _proxy_address(host: str, port: int) -> tuple[str, int]:
 
 
 def serve_on_cluster(bundle: Path, options: Any, *, address: str, host: str, port: int,
-                     on_ready: Callable[[str], None]) -> None:
+                     on_ready: Callable[[str], None], quiet: bool = False) -> None:
     """Deploy the bundle (`serve_app.app`) as the application named after its model on the
     cluster at `address`, Ray Serve's HTTP proxy on host:port (0: a free one), route
     prefix /; call on_ready(url) once it serves; hold until Ctrl-C or SIGTERM, then
@@ -208,7 +217,7 @@ def serve_on_cluster(bundle: Path, options: Any, *, address: str, host: str, por
 
     path, options = resolved(bundle, options)  # a bad bundle: refused before joining
     port = port or free_port(host)
-    with connected(address), _sigterm_stops():  # after ray.init: it installs its own
+    with connected(address, quiet=quiet), _sigterm_stops():  # after ray.init: it installs its own
         try:
             require_capacity(options.cpus_per_replica, options.replicas, every=True,
                              what="serve --ray (--replicas x --cpus-per-replica)")

@@ -227,7 +227,7 @@ def _run(bundle: Path, pending: list[Shard], folder: Path, pre: Preprocess,
 
     from vit_deploy.ray.cluster import ClusterBusy, connected, wait_for_cpus
 
-    with connected(options.address):
+    with connected(options.address, quiet=progress is silent):  # -q: Ray's lines too
         logging.getLogger("ray.data").setLevel(logging.WARNING)  # the progress line says it
         ctx = ray.data.DataContext.get_current()
         ctx.execution_options.preserve_order = True  # shards complete one after another
