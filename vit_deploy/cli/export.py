@@ -9,7 +9,7 @@ import click
 
 from vit_deploy.cli.options import (MAX_PATCH, MAX_SEED, RESOLUTION, PrecisionList, console,
                                     force_option, quant_options, quiet_option)
-from vit_deploy.cli.quantize import add_precisions, refuse_for_naflex
+from vit_deploy.cli.quant_flags import add_precisions, refuse_for_naflex
 from vit_deploy.runtime.config import POOLS, POS_EMBED_KINDS, VARIANTS
 from vit_deploy.runtime.contract import OPSET
 from vit_deploy.runtime.sizes import format_resolution

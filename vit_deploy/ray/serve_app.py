@@ -28,7 +28,7 @@ from vit_deploy.runtime.manifest import load_manifest
 from vit_deploy.runtime.providers import parse_providers
 from vit_deploy.runtime.ort_session import RuntimeOptions
 from vit_deploy.serve.app import make_app
-from vit_deploy.serve.batcher import Batcher, _Job
+from vit_deploy.serve.batcher import Batcher, Job
 from vit_deploy.serve.errors import Failure, busy, describe
 from vit_deploy.serve.metrics import collector_registry
 from vit_deploy.serve.pace import BodyPace
@@ -74,7 +74,7 @@ class RayServeOptions:
         return cls(**args)
 
 
-def _rows(jobs: list[_Job]) -> int:
+def _rows(jobs: list[Job]) -> int:
     """A batch's size for @serve.batch: its images (a v2 request may hold several)."""
     return sum(job.rows for job in jobs)
 
@@ -107,7 +107,7 @@ class RayBatcher(Batcher):
     def queue_depth(self) -> int:
         return len(self._in_flight)
 
-    def _enqueue(self, job: _Job) -> asyncio.Future:
+    def _enqueue(self, job: Job) -> asyncio.Future:
         if self._reason:
             raise Failure(503, f"not serving: {self._reason}")
         if len(self._in_flight) >= self.max_queue:
@@ -117,7 +117,7 @@ class RayBatcher(Batcher):
         task.add_done_callback(self._in_flight.discard)
         return job.future
 
-    async def _answer_one(self, job: _Job) -> None:
+    async def _answer_one(self, job: Job) -> None:
         try:
             result = await self._batched(job)
         except asyncio.CancelledError:
@@ -129,7 +129,7 @@ class RayBatcher(Batcher):
             job.future.set_result(result)
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005, batch_size_fn=_rows)
-    async def _batched(self, jobs: list[_Job]) -> list[Any]:
+    async def _batched(self, jobs: list[Job]) -> list[Any]:
         """One result per job (a dict or a Failure); jobs whose client left get None."""
         live = [job for job in jobs if not job.future.done()]
         results: dict[int, Any] = {}

@@ -25,7 +25,7 @@ QUEUE_BATCHES = 64  # the queue holds at most this many full batches of requests
 
 
 @dataclass
-class _Job:
+class Job:
     """One request: image bytes (/predict), or a (B, C, H, W) float32 array and the output
     names to return (v2 infer)."""
 
@@ -99,7 +99,7 @@ class Batcher:
     def submit(self, image: bytes) -> asyncio.Future:
         """Queue one image; its future gets a result dict or a Failure. Raises Failure(503)
         when the worker is not running or the queue is full."""
-        return self._enqueue(_Job(image, asyncio.get_running_loop().create_future()))
+        return self._enqueue(Job(image, asyncio.get_running_loop().create_future()))
 
     def submit_tensor(self, pixels: np.ndarray, outputs: tuple[str, ...]) -> asyncio.Future:
         """Queue a (B, C, H, W) batch of B <= max_batch images; its future gets {output
@@ -107,10 +107,10 @@ class Batcher:
         if not 1 <= len(pixels) <= self.max_batch:
             raise Failure(400, f"a request holds 1 to {self.max_batch} images (the max batch), "
                                f"got {len(pixels)}")
-        return self._enqueue(_Job(pixels, asyncio.get_running_loop().create_future(),
+        return self._enqueue(Job(pixels, asyncio.get_running_loop().create_future(),
                                   tuple(outputs)))
 
-    def _enqueue(self, job: _Job) -> asyncio.Future:
+    def _enqueue(self, job: Job) -> asyncio.Future:
         reason = self.stopped()
         if reason or self.queue is None:
             raise Failure(503, f"not serving: {reason}")
@@ -124,7 +124,7 @@ class Batcher:
         """Forever: collect a batch, answer it. A failure costs only the batch it hit."""
         streak = 0  # unexpected errors in a row: back off so a broken loop does not spin
         while True:
-            jobs: list[_Job] = []
+            jobs: list[Job] = []
             try:
                 await self._collect(jobs)
                 await self._answer(jobs)
@@ -140,7 +140,7 @@ class Batcher:
                 _settle(jobs, Failure(500, f"internal error in the batch worker: {describe(e)}"))
                 await asyncio.sleep(min(1.0, 0.001 * 2 ** min(streak, 10)))
 
-    async def _collect(self, jobs: list[_Job]) -> None:
+    async def _collect(self, jobs: list[Job]) -> None:
         assert self.queue is not None, "start() creates the queue"
         loop = asyncio.get_running_loop()
         jobs.append(await self.queue.get())
@@ -156,7 +156,7 @@ class Batcher:
                 break
             rows += jobs[-1].rows
 
-    async def _answer(self, jobs: list[_Job]) -> None:
+    async def _answer(self, jobs: list[Job]) -> None:
         live = [j for j in jobs if not j.future.done()]  # a client that went away: skipped
         if not live:
             return
@@ -170,7 +170,7 @@ class Batcher:
         for job, result in zip(live, results):
             _settle([job], result)
 
-    def _drain(self) -> list[_Job]:
+    def _drain(self) -> list[Job]:
         jobs = []
         while self.queue is not None and not self.queue.empty():
             jobs.append(self.queue.get_nowait())
@@ -178,7 +178,7 @@ class Batcher:
 
     # worker-thread side
 
-    def _predict(self, jobs: list[_Job]) -> list[Any]:
+    def _predict(self, jobs: list[Job]) -> list[Any]:
         """One result per job: a dict, or a Failure for that job (or its group)."""
         rows: dict[bool, list[tuple[int, np.ndarray]]] = {False: [], True: []}  # by kind
         parts: list[list[Any]] = [[] for _ in jobs]  # each job's per-image results, in order
@@ -252,7 +252,7 @@ class Batcher:
             return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
 
-def _job_result(job: _Job, parts: list[Any]) -> Any:
+def _job_result(job: Job, parts: list[Any]) -> Any:
     """A job's result from its per-image results: a /predict job's one dict; a v2 job's
     {name: (B, ...) array} of the outputs it asked for; the first Failure among them."""
     missing = Failure(500, "internal error: the batch produced no result for this request")
@@ -269,7 +269,7 @@ def _job_result(job: _Job, parts: list[Any]) -> Any:
         return Failure(500, f"internal error: the model gave no output {e}")
 
 
-def _settle(jobs: list[_Job], result: Any) -> None:
+def _settle(jobs: list[Job], result: Any) -> None:
     for job in jobs:
         if not job.future.done():
             job.future.set_result(result)
