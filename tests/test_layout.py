@@ -218,6 +218,17 @@ def test_nothing_imports_the_cli_and_no_command_imports_another():
     assert between == {}
 
 
+def test_every_package_has_its_test_folder():
+    """tests/ mirrors the package: each package of code (runtime, export, serve, ray, cli)
+    has tests/<name>/ with tests in it (ray/ had none)."""
+    packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py")
+                      if p.parent.name != "data")  # data/ holds files, no code to test
+    assert {"runtime", "export", "serve", "ray", "cli"} <= set(packages)
+    tests = PACKAGE.parent / "tests"
+    missing = [p for p in packages if not list((tests / p).glob("test_*.py"))]
+    assert missing == []
+
+
 def _package_of(module: str) -> str:
     """vit_deploy.serve.batcher -> vit_deploy.serve; vit_deploy.bench -> vit_deploy."""
     parts = module.split(".")
