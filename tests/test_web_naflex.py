@@ -175,6 +175,18 @@ def python_check(bundle, tmp_path_factory) -> dict:
     return json.loads(out.read_text())
 
 
+def _in_node(script: str, job: dict, tmp_path: Path) -> dict:
+    """Run `script` in Node with the package's node.mjs and `job` (as JSON); what it printed
+    last, parsed."""
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    (tmp_path / "script.mjs").write_text(script)
+    r = subprocess.run([_node(), str(tmp_path / "script.mjs"), (WEB / "src" / "node.mjs").as_uri(),
+                        str(tmp_path / "job.json")], cwd=WEB, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def _python(bundle: Path, images: list[Path]) -> dict:
     from vit_deploy.runtime.naflex_session import NaFlexSession
 
@@ -209,13 +221,7 @@ def test_web_writes_a_naflex_site(bundle, site):
 def test_the_pages_code_path_in_node_matches_python(bundle, site, images, tmp_path):
     job = {"bundle": str(site / "bundle"), "images": [str(p) for p in images],
            "precisions": ["fp32", "int8"]}
-    (tmp_path / "job.json").write_text(json.dumps(job))
-    (tmp_path / "driver.mjs").write_text(DRIVER)
-    r = subprocess.run([_node(), str(tmp_path / "driver.mjs"), (WEB / "src" / "node.mjs").as_uri(),
-                        str(tmp_path / "job.json")], cwd=WEB, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+    got = _in_node(DRIVER, job, tmp_path)
     want = _python(bundle, images)
     worst = {}
     for precision in ("fp32", "int8"):
@@ -351,13 +357,7 @@ def test_check_in_node_agrees_with_python(bundle, python_check, tmp_path):
     Python does: dynamic int8 couples a batch's images)."""
     refused = _refused_bundles(bundle, tmp_path)
     job = {"bundle": str(bundle), "broken": refused.pop("broken"), "refused": refused}
-    (tmp_path / "job.json").write_text(json.dumps(job))
-    (tmp_path / "check.mjs").write_text(CHECK)
-    r = subprocess.run([_node(), str(tmp_path / "check.mjs"), (WEB / "src" / "node.mjs").as_uri(),
-                        str(tmp_path / "job.json")], cwd=WEB, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+    got = _in_node(CHECK, job, tmp_path)
     manifest = json.loads((bundle / "manifest.json").read_text())["naflex_references"]
     python = {(c["case"], c["precision"], c["output"]): c for c in python_check["cases"]}
     assert python_check["passed"] and python_check["kind"] == "check"
@@ -458,13 +458,7 @@ def test_both_runtimes_refuse_a_naflex_model_memory_cannot_hold(bundle, images, 
 
     job = {"bundle": str(bundle), "available": available, "huge": huge, "fits": fits,
            "images": [str(p) for p in images], "large_references": str(large)}
-    (tmp_path / "job.json").write_text(json.dumps(job))
-    (tmp_path / "guard.mjs").write_text(GUARD)
-    r = subprocess.run([_node(), str(tmp_path / "guard.mjs"), (WEB / "src" / "node.mjs").as_uri(),
-                        str(tmp_path / "job.json")], cwd=WEB, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+    got = _in_node(GUARD, job, tmp_path)
     assert re.search(budget.replace("max_num_patches", "maxNumPatches")
                      .replace(r"allow_large=True", r"allowLarge: true"), got["budget"]), got
     assert got["allowed"] is None and got["one"] is None, got
