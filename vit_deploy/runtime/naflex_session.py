@@ -65,6 +65,13 @@ class NaFlexSession:
                     "directory or .onnx file path")
         require_arg("precision", precision, str, "a precision name such as 'fp32' or 'int8'")
         require_arg("options", options, RuntimeOptions, "a RuntimeOptions(...)")
+        providers = parse_providers(provider)
+        if any(is_openvino(p.name) for p in providers):  # ORT said "not in this build"
+            asked = ", ".join(p.alias for p in providers)
+            raise NaFlexInputError(
+                f"provider {asked}: NaFlexSession runs through ONNX Runtime only; OpenVINO "
+                f"(the openvino package) runs NCHW bundles. Use cpu, cuda or tensorrt, or "
+                f"openvino-ep with an onnxruntime-openvino build")
         path = Path(model)
         recover_on_open(path)
         self.manifest: Manifest | None = None
@@ -86,12 +93,6 @@ class NaFlexSession:
         coupled = inspect_model(path, set(self.manifest.files) if self.manifest else None)
         self.split_batches = (coupled if options.split_batches is None
                               else options.split_batches)
-        providers = parse_providers(provider)
-        if any(is_openvino(p.name) for p in providers):  # ORT said "not in this build"
-            raise NaFlexInputError(
-                f"provider {', '.join(p.alias for p in providers)}: NaFlexSession runs through ONNX Runtime only; OpenVINO "
-                f"(the openvino package) runs NCHW bundles. Use cpu, cuda or tensorrt, or "
-                f"openvino-ep with an onnxruntime-openvino build")
         self.session, self.fallback_reason, _ = _create_session(
             path, providers, options, fallback=False)
         self.precision, self.providers = precision, self.session.get_providers()

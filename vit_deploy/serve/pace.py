@@ -38,7 +38,7 @@ class BodyPace:
         limits, loop = self.limits, asyncio.get_running_loop()
         start = loop.time()
         state: dict[str, Any] = {"window": start, "bytes": 0, "done": False, "late": None,
-                                 "started": False}
+                                 "started": False, "pending": None}
 
         async def paced() -> Message:
             while not state["done"] and state["late"] is None:
@@ -58,7 +58,7 @@ class BodyPace:
                     state["window"], state["bytes"] = now, 0
                 until = min(start + limits.body_timeout_s, state["window"] + limits.body_window_s)
                 # one receive outstanding across windows: never cancelled, no message lost
-                pending = state.get("pending") or asyncio.ensure_future(receive())
+                pending = state["pending"] or asyncio.ensure_future(receive())
                 done, _ = await asyncio.wait({pending}, timeout=max(0.0, until - now))
                 if not done:
                     state["pending"] = pending
@@ -86,7 +86,7 @@ class BodyPace:
             if state["late"] is None or state["started"]:
                 raise
         finally:
-            if state.get("pending") is not None:
+            if state["pending"] is not None:
                 state["pending"].cancel()
         if state["late"] is not None and not state["started"]:
             body = json.dumps({"error": state["late"]}).encode()
