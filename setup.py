@@ -3,7 +3,7 @@
 Everything else about the package is in pyproject.toml. A wheel (`python -m build`, `pip
 install .`) gets vit_deploy/web_assets/: our JavaScript from web/src and the pinned
 onnxruntime-web files from web/node_modules (`npm ci` in web/, `make setup`), the list in
-vit_deploy/web_files.py. An sdist carries the same files under web/, so a wheel built from it
+vit_deploy/website/files.py. An sdist carries the same files under web/, so a wheel built from it
 gets them too. An editable install copies nothing: it reads the repository's web/.
 """
 
@@ -20,7 +20,7 @@ WEB = HERE / "web"
 
 
 def _web_files():
-    spec = importlib.util.spec_from_file_location("_web_files", HERE / "vit_deploy" / "web_files.py")
+    spec = importlib.util.spec_from_file_location("_web_files", HERE / "vit_deploy" / "website" / "files.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -129,8 +129,8 @@ def int8_with_attention(fp32: Path, dst: Path, *, apply_v: bool) -> None:
     """Dynamic int8 as the bundle makes it, plus the attention matmuls."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    import vit_deploy.quantize as q
-    from vit_deploy.fusions import fuse_gelu
+    import vit_deploy.precisions.quantize as q
+    from vit_deploy.precisions.fusions import fuse_gelu
 
     model = q._clean(onnx.load(str(fp32)))
     layers = q.quantisable_layers(model, head=True)

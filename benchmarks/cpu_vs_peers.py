@@ -13,7 +13,7 @@ floor: the model's operations ÷ the peak of a large fp32 matmul (PyTorch) and o
 int8 matmul (ONNX Runtime's `MatMulInteger`, u8 × s8), each measured in its own fresh
 process with the same threads. A probe process at the start of each round measures how
 many cores' worth the threads really get (an int8 matmul on N threads vs one,
-`vit_deploy.bench_machine.thread_scaling`): on virtual machines whose vCPUs share physical cores
+`vit_deploy.reports.machine.thread_scaling`): on virtual machines whose vCPUs share physical cores
 with other guests this moves from minute to minute, and with it every engine's latency;
 the report warns when it fell short.
 
@@ -78,7 +78,7 @@ def _peak_fp32(threads: int, size: int = 2048, repeats: int = 10) -> float:
 
 
 def _peak_int8(threads: int, size: int = 2048, repeats: int = 10) -> float:
-    from vit_deploy.bench_machine import int8_gemm
+    from vit_deploy.reports.machine import int8_gemm
 
     s, feed = int8_gemm(threads, size)
     for _ in range(3):
@@ -159,7 +159,7 @@ def worker(args: argparse.Namespace) -> None:
         print(json.dumps({"gops": _peak_int8(threads)}))
         return
     if args.worker == "probe:threads":
-        from vit_deploy.bench_machine import thread_scaling
+        from vit_deploy.reports.machine import thread_scaling
 
         print(json.dumps({"scaling": thread_scaling(threads)}))
         return

@@ -56,7 +56,7 @@ def measure(out: Path) -> dict:
     from vit_deploy.data import (DIGITS_NAFLEX_BUDGET, DIGITS_NAFLEX_DIR, data_path,
                                  load_digits_naflex)
     from vit_deploy.export.naflex_bundle import NaFlexBundleOptions, export_naflex_bundle
-    from vit_deploy.precisions import add_precisions
+    from vit_deploy.precisions.add import add_precisions
 
     tower = data_path(DIGITS_NAFLEX_DIR)
     bundle = out / "digits-naflex"

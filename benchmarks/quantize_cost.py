@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import vit_deploy  # noqa: F401  (first: ONNX Runtime's telemetry is off before it loads)
-from vit_deploy.bench_machine import cpu_name
+from vit_deploy.reports.machine import cpu_name
 from vit_deploy.runtime.cpu import cpu_flags as runtime_cpu_flags
 
 

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from vit_deploy.bench_machine import cpu_name
-from vit_deploy.photo_eval import resolve
-from vit_deploy.evaluate import Evaluator, calibration_batches, judged_resolutions
-from vit_deploy.precisions import choose_smoothing
-from vit_deploy.quantize import QuantOptions, quantize_model
+from vit_deploy.reports.machine import cpu_name
+from vit_deploy.precisions.photos import resolve
+from vit_deploy.precisions.evaluate import Evaluator, calibration_batches, judged_resolutions
+from vit_deploy.precisions.add import choose_smoothing
+from vit_deploy.precisions.quantize import QuantOptions, quantize_model
 from vit_deploy.runtime.manifest import load_manifest
 
 

@@ -366,7 +366,7 @@ def install_runtime(rootfs: Path, wheel: Path) -> dict[str, float]:
 
 
 def torch_reference(work: Path, bundle: str, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    from vit_deploy.check import _torch_reference
+    from vit_deploy.check.run import _torch_reference
     from vit_deploy.runtime.manifest import load_manifest
     forward = _torch_reference(work / bundle, load_manifest(work / bundle))
     return {n: np.asarray(forward(x)) for n, x in inputs.items()}

@@ -1,7 +1,7 @@
 // Runs the demo page's "check and measure" (?check=1) in Debian's headless Chromium and saves
 // the report it offers for download ("vit-deploy-report" v1, the schema of Python's `check
 // --json` and Node's vit.check()), for `vit-deploy bench --compare`. Drives the page through
-// web/testing/chromium.mjs (what tests/test_web.py uses).
+// web/testing/chromium.mjs (what tests/website/test_web.py uses).
 //
 //   vit-deploy web BUNDLE --out site --precision fp32,int8 --serve --port 8080   # elsewhere
 //   node scripts/page_report.mjs http://127.0.0.1:8080/ --precision fp32,int8 \

@@ -221,7 +221,7 @@ def tiny_bundle(request, tmp_path_factory):
 @pytest.fixture(scope="session")
 def quantised_bundle(tmp_path_factory):
     """A tiny bundle (deploy 24x40) with int8 (dynamic) and int4 models; treat as read-only."""
-    from vit_deploy.precisions import add_precisions
+    from vit_deploy.precisions.add import add_precisions
 
     out = tmp_path_factory.mktemp("quantised") / "b"
     export_bundle(_tiny(), out, options=ExportOptions(resolution=(24, 40), simplify=False))

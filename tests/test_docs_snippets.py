@@ -37,10 +37,10 @@ NOT_HERE = {
         "an app's install of that tarball: tests/test_web_package.py",
     ("proving.md", "node scripts/page_report.mjs"):
         "needs the site served (`--serve`, dropped above) and headless Chromium: the page's "
-        "check panel is tested in tests/test_web.py; the committed Chromium reports stand in "
+        "check panel is tested in tests/website/test_web.py; the committed Chromium reports stand in "
         "for these two lines' output below",
     ("edge-targets.md", "make gpu-check"):
-        "needs a CUDA GPU: tests/test_targets.py (no CUDA: says so, exits non-zero), "
+        "needs a CUDA GPU: tests/targets/test_targets.py (no CUDA: says so, exits non-zero), "
         "tests/test_references.py (its steps on the CPU, torch blocked)",
     ("arm64.md", "sudo make check-arm64"):
         "root, binfmt_misc, qemu and debootstrap: tests/test_arm64.py (every refusal, the "
@@ -66,7 +66,7 @@ NOT_HERE = {
 }
 # A synopsis (placeholders such as BUNDLE) is not a command to run; where its options are held
 SYNOPSIS = {"vit-deploy": "a synopsis: tests/test_docs.py checks that the CLI has its options",
-            "node examples/classify_node.mjs": "a synopsis: its options run in tests/test_web.py"}
+            "node examples/classify_node.mjs": "a synopsis: its options run in tests/website/test_web.py"}
 UNCLASSIFIED = "a synopsis of a command SYNOPSIS does not name: say where its options are held"
 HTML = ("a page for a browser: here its /node_modules/ paths are checked to exist; "
         "tests/test_web_package.py serves a page that imports 'vit-deploy' through an import "
@@ -184,7 +184,7 @@ def as_run(page: str, snippet: Snippet) -> tuple[str | None, str]:
         argv += ["--model", "tiny"] + ([] if "--out" in argv else ["--out", f"vit-B{patch}-{res}"])
         notes.append("the tiny model for ViT-B/16")
     if argv and argv[:2] == ["vit-deploy", "web"] and "--serve" in argv:
-        # serving the site is tested in tests/test_web.py
+        # serving the site is tested in tests/website/test_web.py
         for opt in ("--port", "--host"):
             if opt in argv:
                 del argv[argv.index(opt):argv.index(opt) + 2]

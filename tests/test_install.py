@@ -46,7 +46,7 @@ def dist(tmp_path_factory) -> dict[str, Path]:
 
 def test_the_wheel_carries_the_web_assets(dist):
     """What `vit-deploy web` copies, byte for byte as in web/ (after `npm ci`)."""
-    from vit_deploy.web_files import PACKAGED_DIR, asset_files
+    from vit_deploy.website.files import PACKAGED_DIR, asset_files
 
     expected = asset_files(WEB)
     assert {"src/vit-deploy.mjs", "src/index.html", "src/lib/vit.mjs",
@@ -155,7 +155,7 @@ def test_the_wheel_works_outside_the_repository(dist, make_tiny, tmp_path):
     """Base install first (the runtime: no torch), then every extra, each used."""
     from vit_deploy.export.bundle import ExportOptions, export_bundle
     from vit_deploy.runtime import ViTSession
-    from vit_deploy.web import write_site
+    from vit_deploy.website.site import write_site
 
     work = tmp_path / "work"
     work.mkdir()

@@ -18,7 +18,7 @@ from onnx import numpy_helper
 
 from vit_deploy.runtime.contract import COSINE_MIN
 from vit_deploy.parity import metrics, sample_inputs
-from vit_deploy.quantize import QuantOptions, quantize_model
+from vit_deploy.precisions.quantize import QuantOptions, quantize_model
 from vit_deploy.runtime import cpu
 from vit_deploy.runtime.manifest import load_manifest
 from vit_deploy.runtime.manifest_parts import FileEntry
@@ -228,7 +228,7 @@ def test_quantize_cli_records_the_cpus_and_info_says_so(tiny_bundle, tmp_path, m
     # An edge target's int8 bucket graphs follow the bundle's recipe, and say so. What the
     # quantiser was given and wrote is seen as it is written (on a CPU that saturates 8-bit
     # weights a `vnni` graph then fails its parity and is not kept: the recipe's warning).
-    import vit_deploy.targets as targets
+    import vit_deploy.targets.build as targets
 
     monkeypatch.undo()  # this CPU as it is
     quantised = []
@@ -296,8 +296,8 @@ def test_a_target_of_a_bundle_whose_recipe_does_not_say_vnni_gets_portable_weigh
     """A recipe that does not say `vnni` in so many words (an old file, or a manifest edited
     by hand) never gets 8-bit bucket graphs: the warning reads such a file as 8-bit, the
     quantiser takes the safe side."""
-    import vit_deploy.targets as targets
-    from vit_deploy.targets import TargetOptions, add_target
+    import vit_deploy.targets.build as targets
+    from vit_deploy.targets.build import TargetOptions, add_target
 
     _, result = tiny_bundle
     bundle = tmp_path / "b"

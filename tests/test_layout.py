@@ -49,8 +49,8 @@ def test_everything_outside_export_imports_without_torch():
     imported = set(report["imported"])
     assert not any(m.startswith("vit_deploy.export") for m in imported)
     # not vacuous: the runtime, the torch-free tools at the top and the CLI were imported
-    assert {"vit_deploy.runtime", "vit_deploy.runtime.session", "vit_deploy.quantize",
-            "vit_deploy.precisions", "vit_deploy.parity", "vit_deploy.cli"} <= imported
+    assert {"vit_deploy.runtime", "vit_deploy.runtime.session", "vit_deploy.precisions.quantize",
+            "vit_deploy.precisions.add", "vit_deploy.parity", "vit_deploy.cli"} <= imported
     assert report["torch"] == [], (report["torch"][:5], "imported by one of", report["imported"])
 
 
@@ -199,6 +199,70 @@ def test_the_runtime_imports_only_itself():
 
 
 
+# -- the layer table (docs/layout.md): which floor may import which ------------------------
+KIT = {"outputs", "parity", "atomic", "progress", "data"}
+TOOLS = {"precisions", "check", "reports", "bench", "targets", "website", "info", "predict",
+         "sweep", "triton"}
+SERVERS = {"serve", "ray"}
+# {unit: the units it may import}; a unit is a top-level module or package of vit_deploy
+LAYERS: dict[str, set[str]] = {
+    "runtime": set(),
+    **{k: KIT for k in KIT},
+    "export": KIT,
+    **{t: KIT | {"export"} for t in TOOLS},
+    "serve": KIT | {"triton"},
+    "ray": KIT | {"triton", "serve"},
+}
+TOOL_ARROWS = {("bench", "reports"), ("check", "reports"), ("targets", "precisions"),
+               ("targets", "info"), ("sweep", "precisions"), ("precisions", "check")}
+
+
+def _unit(module: str) -> str:
+    """vit_deploy.precisions.add -> precisions; vit_deploy.parity -> parity."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _outside_the_table(graph: dict[str, set[str]]) -> list[str]:
+    wrong = []
+    for module, edges in sorted(graph.items()):
+        a = _unit(module)
+        if a in ("cli", "vit_deploy"):  # the top floor; the package's __init__ imports nothing
+            continue
+        for edge in sorted(edges):
+            b = _unit(edge)
+            if b not in (a, "runtime") and b not in LAYERS[a] and (a, b) not in TOOL_ARROWS:
+                wrong.append(f"{module} -> {edge}")
+    return wrong
+
+
+def test_every_import_between_floors_is_in_the_layer_table():
+    graph = _package_graph()
+    units = {_unit(m) for m in graph} - {"vit_deploy", "cli"}
+    assert units == set(LAYERS)  # every unit is placed on a floor: a new one must be, too
+    assert _outside_the_table(graph) == []
+
+
+def test_the_layer_table_catches_a_planted_wrong_import():
+    graph = {m: set(e) for m, e in _package_graph().items()}
+    graph["vit_deploy.parity"].add("vit_deploy.check.run")  # the kit reaching up to a tool
+    graph["vit_deploy.website.site"].add("vit_deploy.bench.report")  # an arrow not listed
+    graph["vit_deploy.runtime.session"].add("vit_deploy.outputs")
+    assert _outside_the_table(graph) == ["vit_deploy.parity -> vit_deploy.check.run",
+                                         "vit_deploy.runtime.session -> vit_deploy.outputs",
+                                         "vit_deploy.website.site -> vit_deploy.bench.report"]
+
+
+def test_no_top_level_module_belongs_to_a_family_without_a_package():
+    """The top level holds the kit and one-file tools; modules that share a prefix (bench_*,
+    report_*, web_* once) are a package's (tests/test_layout.py's table places it)."""
+    stems = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+    packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    prefixes = [s.split("_")[0] for s in stems]
+    assert {"parity", "atomic", "info"} <= set(stems)
+    assert [s for s, f in zip(stems, prefixes) if prefixes.count(f) > 1 or f in packages] == []
+
+
 # The modules of cli/ that are not commands: the group, the shared option types, the
 # quantisation flags' one function. A command imports these, never another command.
 CLI_KIT = {"vit_deploy.cli", "vit_deploy.cli.__main__", "vit_deploy.cli.group",
@@ -230,7 +294,7 @@ def test_every_package_has_its_test_folder():
 
 
 def _package_of(module: str) -> str:
-    """vit_deploy.serve.batcher -> vit_deploy.serve; vit_deploy.bench -> vit_deploy."""
+    """vit_deploy.serve.batcher -> vit_deploy.serve; vit_deploy.bench.run -> vit_deploy."""
     parts = module.split(".")
     return ".".join(parts[:2]) if len(parts) > 1 and (PACKAGE / parts[1]).is_dir() else parts[0]
 

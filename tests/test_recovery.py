@@ -80,7 +80,7 @@ command, point, bundle = sys.argv[1:4]
 die = lambda *_: os.kill(os.getpid(), signal.SIGKILL)
 if point == "working":
     if command == "quantize":
-        import vit_deploy.precisions as module
+        import vit_deploy.precisions.add as module
         name = "quantize_model"
     else:
         import vit_deploy.export.static as module

@@ -207,8 +207,8 @@ def test_the_size_bound_leaves_out_cases_that_do_not_fit():
 
 
 def test_target_buckets_get_references_at_their_sizes(quantised_bundle, tmp_path):
-    from vit_deploy.check import CheckOptions, run_check
-    from vit_deploy.targets import TargetOptions, add_target
+    from vit_deploy.check.run import CheckOptions, run_check
+    from vit_deploy.targets.build import TargetOptions, add_target
 
     bundle = tmp_path / "b"
     shutil.copytree(quantised_bundle, bundle)

@@ -57,7 +57,7 @@ def _argv(cmd: str) -> list[str] | None:
     if argv[:2] == ["vit-deploy", "sweep"]:  # one timing round, not three: the same code
         argv += ["--rounds", "1"]  # path (rounds repeat it; tests/test_sweep.py times rounds)
     if argv[:2] == ["vit-deploy", "web"]:
-        argv = [a for a in argv if a != "--serve"]  # serving is tested in tests/test_web.py
+        argv = [a for a in argv if a != "--serve"]  # serving is tested in tests/website/test_web.py
     if argv[0] == "vit-deploy":
         return [sys.executable, "-m", "vit_deploy.cli", *argv[1:]]
     if argv[0] == "python":

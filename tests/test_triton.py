@@ -14,7 +14,7 @@ from tritonclient.grpc import model_config_pb2
 
 from vit_deploy.cli import main
 from vit_deploy.runtime.contract import MANIFEST_NAME
-from vit_deploy.precisions import add_precisions
+from vit_deploy.precisions.add import add_precisions
 from vit_deploy.runtime.manifest import load_manifest
 from vit_deploy.runtime.manifest_parts import TensorSpec
 from vit_deploy.triton import (check_model_name, model_metadata, pbtxt_string, triton_config,

@@ -8,7 +8,7 @@ grids and pooled vectors within 1e-5 relative, two images of different aspect ra
 precisions. `naflex.check()` in Node against Python's `vit-deploy check --reference bundle
 --json` on the same bundle: every case and output passes, with Python's figures (max |Δ|,
 tolerance, cosine, resolution, batch); a changed references.bin and a manifest without
-naflex_references are refused. In headless Chromium (as tests/test_web.py), the page itself,
+naflex_references are refused. In headless Chromium (as tests/website/test_web.py), the page itself,
 served by `vit-deploy web --serve`, given each image through its file input, then its
 "check and measure" (naflex.check() on WebAssembly).
 """

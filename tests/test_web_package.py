@@ -186,7 +186,7 @@ def test_package_files_in_headless_chromium(app, bundle, tmp_path, monkeypatch):
     """`vit-deploy web` with VIT_DEPLOY_WEB_DIR at the installed package: the site carries
     the package's own files (its onnxruntime-web found beside it, as npm installed it), and
     its page, which imports 'vit-deploy' through an import map, classifies as Python."""
-    from vit_deploy.web import ORT_DIR, WebSources, make_server, write_site
+    from vit_deploy.website.site import ORT_DIR, WebSources, make_server, write_site
 
     if not Path(CHROMIUM).is_file():
         pytest.fail(f"{CHROMIUM} is missing: the browser test needs Debian's chromium package "

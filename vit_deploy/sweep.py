@@ -169,7 +169,7 @@ def run_sweep(checkpoint: str | Path, options: SweepOptions = SweepOptions(), *,
 
     from vit_deploy.runtime.config import parse_merge
     from vit_deploy.export.bundle import ExportOptions, export_bundle, model_from_flags
-    from vit_deploy.precisions import PrecisionOptions, add_precisions
+    from vit_deploy.precisions.add import PrecisionOptions, add_precisions
 
     start = time.perf_counter()
     base, _ = model_from_flags(checkpoint=checkpoint)

@@ -175,7 +175,7 @@ def test_sites_and_repositories_say_what_they_are_and_keep_the_users_paths_home(
     """A web site is served to anyone: its manifest names the bundle, not the folders it
     lives in; a Triton repository and a site each say which they are."""
     from vit_deploy.atomic import is_bundle
-    from vit_deploy.web import write_site
+    from vit_deploy.website.site import write_site
 
     write_site(quantised_bundle, tmp_path / "site")
     r = run("triton", quantised_bundle, "--out", tmp_path / "repo")

@@ -88,12 +88,12 @@ def test_json_output_is_strict_json_even_when_a_number_is_nan(tiny_bundle, tmp_p
 # -- one base class: the exit code is the error class's, not a list of names in the CLI ----
 def _error_classes():
     from vit_deploy.atomic import ClobberError
-    from vit_deploy.bench_report import ReportError
+    from vit_deploy.bench.report import ReportError
     from vit_deploy.export.checkpoints import CheckpointError
     from vit_deploy.export.onnx import ExportError
     from vit_deploy.parity import ParityError
-    from vit_deploy.quantize import QuantizeError
-    from vit_deploy.reports import MissingExtraError
+    from vit_deploy.precisions.quantize import QuantizeError
+    from vit_deploy.reports.save import MissingExtraError
     from vit_deploy.runtime.manifest_parts import BundleError
     from vit_deploy.runtime.preprocess import ImageError
     from vit_deploy.runtime.providers import ProviderError

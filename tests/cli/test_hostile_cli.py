@@ -3,7 +3,7 @@ and what was given, a non-zero exit code, no traceback and nothing written.
 
 - `bench --compare` on what is not a report: JSON nested 10^5 deep (a RecursionError
   before), NaN, numbers out of range, a directory, a FIFO, /dev/zero, binary garbage;
-- a broken package.json under VIT_DEPLOY_WEB_DIR (web_files.package_string);
+- a broken package.json under VIT_DEPLOY_WEB_DIR (website/files.py's package_string);
 - hub weights (and configs) in the cache that resolve to a device, a FIFO or a directory:
   refused unopened, at once (each device case runs in its own process, with a deadline and
   a memory cap, so a regression fails instead of reading /dev/zero forever);
@@ -142,8 +142,8 @@ def test_compare_refuses_what_is_not_a_file(tmp_path):
 
 
 def test_compare_still_reads_a_report_and_the_library_reads_alike(tmp_path):
-    from vit_deploy.bench_report import BenchReport
-    from vit_deploy.report_schema import ReportError
+    from vit_deploy.bench.report import BenchReport
+    from vit_deploy.reports.schema import ReportError
 
     good = tmp_path / "good.json"
     good.write_text(json.dumps(REPORT))
@@ -189,7 +189,7 @@ def _write(path: Path, content: str | bytes) -> Path:
 @pytest.mark.parametrize("which", list(KEYS))
 @pytest.mark.parametrize("content,message", BROKEN_PACKAGES, ids=BROKEN_IDS)
 def test_a_broken_package_json_is_one_value_error(tmp_path, which, content, message):
-    from vit_deploy.web_files import package_string
+    from vit_deploy.website.files import package_string
 
     keys = KEYS[which]
     path = _write(tmp_path / "package.json", content)
@@ -203,7 +203,7 @@ def test_a_broken_package_json_is_one_value_error(tmp_path, which, content, mess
 
 
 def test_a_package_json_that_is_not_a_file_is_not_read(tmp_path):
-    from vit_deploy.web_files import package_string
+    from vit_deploy.website.files import package_string
 
     (tmp_path / "dir").mkdir()
     cases = {tmp_path / "dir": "expected a package.json file, got a directory",
@@ -234,11 +234,11 @@ def _web_root(root: Path, *, pinned: str | bytes | None = None,
 
 
 def _wired() -> bool:
-    """Whether WebSources reads package.json through web_files.package_string (the refusal
+    """Whether WebSources reads package.json through website/files.py's package_string (the refusal
     these CLI tests check); web.py is being edited elsewhere, so until then they xfail."""
     import tempfile
 
-    from vit_deploy.web import WebSources
+    from vit_deploy.website.site import WebSources
 
     with tempfile.TemporaryDirectory() as d:
         root = _web_root(Path(d), pinned="[]")
@@ -261,8 +261,8 @@ def small_bundle(tmp_path_factory, make_tiny):
 
 
 @pytest.mark.xfail(not _wired(), strict=True,
-                   reason="vit_deploy/web.py's WebSources must read package.json with "
-                          "web_files.package_string")
+                   reason="vit_deploy/website/site.py's WebSources must read package.json with "
+                          "website/files.py's package_string")
 @pytest.mark.parametrize("which", list(KEYS))
 @pytest.mark.parametrize("content,message", [
     *BROKEN_PACKAGES[:1], BROKEN_PACKAGES[2], *BROKEN_PACKAGES[4:5], *BROKEN_PACKAGES[6:8],

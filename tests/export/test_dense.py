@@ -259,7 +259,7 @@ def test_predict_writes_features(dense_bundle, tmp_path):
 def test_quantised_dense_outputs_are_judged_by_cosine(dense_bundle, tmp_path):
     import shutil
 
-    from vit_deploy.precisions import PrecisionOptions, add_precisions
+    from vit_deploy.precisions.add import PrecisionOptions, add_precisions
 
     _, result = dense_bundle
     copy = tmp_path / "q"

@@ -11,9 +11,9 @@ from vit_deploy.export.checkpoints import load_model
 from vit_deploy.data import (DIGITS_MODEL_FILE, DIGITS_RECORD_FILE, data_path, load_digits_split,
                              normalise)
 from vit_deploy.export.bundle import ExportOptions, export_bundle
-from vit_deploy.precisions import add_precisions, calibration_batches
-from vit_deploy.quantize import QuantOptions
-from vit_deploy.precisions import PrecisionOptions
+from vit_deploy.precisions.add import add_precisions, calibration_batches
+from vit_deploy.precisions.quantize import QuantOptions
+from vit_deploy.precisions.add import PrecisionOptions
 from vit_deploy.runtime import ViTSession
 from vit_deploy.runtime.manifest import load_manifest
 

@@ -18,7 +18,7 @@ from vit_deploy.export.bundle import ExportOptions, export_bundle
 from vit_deploy.export.checkpoints import CheckpointError, CheckpointWarning, load_any
 from vit_deploy.export.model import ViTOutputs
 from vit_deploy.export.rope import rope_angles
-from vit_deploy.precisions import add_precisions
+from vit_deploy.precisions.add import add_precisions
 from vit_deploy.runtime.config import ViTConfig
 from vit_deploy.runtime.contract import MODEL_FILE
 from vit_deploy.runtime.manifest import load_manifest

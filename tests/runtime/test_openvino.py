@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from vit_deploy.bench import BenchOptions, run_bench
-from vit_deploy.check import CheckOptions, run_check
+from vit_deploy.bench.run import BenchOptions, run_bench
+from vit_deploy.check.run import CheckOptions, run_check
 from vit_deploy.cli import main
 from vit_deploy.parity import compare, sample_inputs
 from vit_deploy.runtime import ProviderError, RuntimeOptions, ViTSession, parse_providers, probe
@@ -37,7 +37,7 @@ BATCHES = [1, 3]
 @pytest.fixture(scope="module")
 def bundle(quantised_bundle, tmp_path_factory):
     """The tiny quantised bundle (fp32, int8 dynamic, int4) plus int8-static (QDQ)."""
-    from vit_deploy.precisions import add_precisions
+    from vit_deploy.precisions.add import add_precisions
 
     out = tmp_path_factory.mktemp("openvino") / "b"
     shutil.copytree(quantised_bundle, out)

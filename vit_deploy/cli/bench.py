@@ -81,9 +81,9 @@ def bench(paths: tuple[Path, ...], providers: str, precisions: tuple[str, ...],
     Example:
       vit-deploy bench vit-B16-224 --provider cpu,cuda --precision fp32,int8 --res 224,448
     """
-    from vit_deploy.bench import BenchOptions, run_bench
-    from vit_deploy.bench_compare import compare_reports
-    from vit_deploy.reports import save_report
+    from vit_deploy.bench.run import BenchOptions, run_bench
+    from vit_deploy.bench.compare import compare_reports
+    from vit_deploy.reports.save import save_report
 
     outputs = {"--json": json_out, "--csv": csv_out, "--plot": plot_out}
     screen = console()

@@ -51,9 +51,9 @@ def check(bundle: Path, providers: str, precisions: tuple[str, ...] | None,
       vit-deploy check vit-B16-224 --provider cpu,cuda --precision all --json check.json
       vit-deploy check vit-B16-224 --provider cpu,openvino --reference bundle
     """
-    from vit_deploy.check import CheckOptions, run_check
+    from vit_deploy.check.run import CheckOptions, run_check
     from vit_deploy.progress import steps
-    from vit_deploy.reports import save_report
+    from vit_deploy.reports.save import save_report
 
     refuse_clobber({"--json": json_out, "--markdown": md_out}, bundles=[bundle])
     options = CheckOptions(providers=providers_list(providers), precisions=precisions or (),

@@ -45,11 +45,11 @@ def add_precisions(bundle: Path, precisions: tuple[str, ...], *, force: bool, qu
                    max_drop: float | None, eval_set: str | None, int8_cpu: str) -> None:
     """The quantisation options group (options.quant_options) -> precisions.add_precisions,
     its report printed; exit 1 if a precision failed. `export --precision` ends with it."""
-    from vit_deploy.photo_eval import resolve
-    from vit_deploy.evaluate import calibration_batches
-    from vit_deploy.precisions import PrecisionOptions, add_precisions as add
+    from vit_deploy.precisions.photos import resolve
+    from vit_deploy.precisions.evaluate import calibration_batches
+    from vit_deploy.precisions.add import PrecisionOptions, add_precisions as add
     from vit_deploy.progress import steps
-    from vit_deploy.quantize import QuantOptions
+    from vit_deploy.precisions.quantize import QuantOptions
     from vit_deploy.runtime.manifest import load_manifest
 
     if load_manifest(bundle, verify=False).naflex:  # never silently ignored

@@ -51,7 +51,7 @@ def sweep(checkpoint: Path, patches: str | None, merges: str, precisions: tuple[
       vit-deploy sweep vit_deploy/data/digits64_flexi_vit.safetensors --patch 8,16 --json s.json
     """
     from vit_deploy.progress import steps
-    from vit_deploy.reports import save_report
+    from vit_deploy.reports.save import save_report
     from vit_deploy.sweep import SweepOptions, parse_list, run_sweep
 
     refuse_clobber({"--json": json_out, "--plot": plot_out}, bundles=[checkpoint])

@@ -40,7 +40,7 @@ def target(bundle: Path, target_name: str, buckets: str, batch: int, calib: str 
       vit-deploy target vit-B16-224 --target mobile --buckets 224,256x320,448
     """
     from vit_deploy.progress import steps
-    from vit_deploy.targets import TargetOptions, add_target, parse_buckets
+    from vit_deploy.targets.build import TargetOptions, add_target, parse_buckets
 
     try:
         sizes = parse_buckets(buckets)

@@ -40,7 +40,7 @@ def web(bundle: Path, out: Path, precisions: tuple[str, ...], threads: int | Non
     Example:
       vit-deploy web vit-B16-224 --out site --precision int8,fp32 --serve
     """
-    from vit_deploy.web import serve_site, write_site
+    from vit_deploy.website.site import serve_site, write_site
 
     result = write_site(bundle, out, precisions=precisions, threads=threads, force=force)
     screen = console()

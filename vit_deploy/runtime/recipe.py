@@ -33,7 +33,7 @@ class Int8Recipe:
     cpu: str | None = None
     calibration: str | None = None  # static: minmax | entropy | percentile
     percentile: float | None = None  # static, calibration == "percentile"
-    smoothing: float | None = None  # SmoothQuant alpha folded into the graph (smooth.py)
+    smoothing: float | None = None  # SmoothQuant alpha folded into the graph (precisions/smooth.py)
     quantised_layers: tuple[str, ...] = ()  # module paths, e.g. "blocks.0.attn.qkv"
     kept_float_layers: tuple[str, ...] = ()
 

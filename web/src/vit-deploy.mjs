@@ -15,7 +15,7 @@
 // This entry runs in both: it asks once where it is and loads that platform's module. The
 // entries for one platform, node.mjs and browser.mjs, import only their own (a bundler
 // should take browser.mjs, or the package's "exports", which name both). The modules:
-//   lib/common.mjs     constants (Python's: tests/test_web_constants.py), errors
+//   lib/common.mjs     constants (Python's: tests/website/test_web_constants.py), errors
 //   lib/manifest.mjs   readManifest, bundleFile, checkNormalization, int8 and the CPU
 //   lib/decode.mjs     pixels from images: EXIF orientation, the decompression-bomb guard
 //   lib/resample.mjs   Pillow's resize, byte for byte

@@ -71,7 +71,7 @@ test('check() passes every case and output of the references, fp32 and int8, wit
 });
 
 test('check() gives Python\'s figures (check --reference bundle --json), case by case: int8 batches image by image, the worst image\'s cosine', async () => {
-  // Python's report (tests/test_web.py), written for fp32 and int8 of the same bundle
+  // Python's report (tests/website/test_web.py), written for fp32 and int8 of the same bundle
   const python = JSON.parse(fs.readFileSync(path.join(DIR, index.python_check), 'utf8'));
   assert.equal(python.passed, true);
   const worst = {};

@@ -81,7 +81,7 @@ test('ViT.load: where the CPU could saturate, the file\'s weights decide, not th
   fs.rmSync(bundle, { recursive: true, force: true });
 });
 
-// Python read these files (tests/test_web.py _int8_files); Node must read them the same
+// Python read these files (tests/website/test_web.py _int8_files); Node must read them the same
 for (const [name, { need, coupled }] of Object.entries(index.int8_weights_need)) {
   test(`what the int8 weights of ${name} need, and whether it couples a batch, as Python reads it`, async () => {
     assert.equal(await int8WeightsNeed(await modelReader(path.join(DIR, name))), need);

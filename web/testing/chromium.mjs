@@ -1,5 +1,5 @@
 // Drives Debian's headless Chromium over a site `vit-deploy web` wrote and prints what the
-// page computed, as JSON, for tests/test_web.py to compare with Python.
+// page computed, as JSON, for tests/website/test_web.py to compare with Python.
 //
 //   node testing/chromium.mjs JOB.json
 //

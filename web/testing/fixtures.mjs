@@ -1,4 +1,4 @@
-// The reference numbers the tests compare against, written by Python (tests/test_web.py):
+// The reference numbers the tests compare against, written by Python (tests/website/test_web.py):
 // VIT_DEPLOY_WEB_FIXTURES names a directory pytest filled; without it they are written
 // now, into a temporary directory, with the repository's .venv (or VIT_DEPLOY_PYTHON).
 import { spawnSync } from 'node:child_process';
@@ -15,7 +15,7 @@ function fixturesDir() {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vit-deploy-web-'));
   const python = process.env.VIT_DEPLOY_PYTHON ?? path.join(root, '.venv', 'bin', 'python');
   const r = spawnSync(python, [path.join(root, 'tests', 'test_web.py'), dir], { stdio: 'inherit' });
-  if (r.status !== 0) throw new Error(`${python} tests/test_web.py ${dir} failed (${r.status ?? r.error})`);
+  if (r.status !== 0) throw new Error(`${python} tests/website/test_web.py ${dir} failed (${r.status ?? r.error})`);
   process.env.VIT_DEPLOY_WEB_FIXTURES = dir; // one build for every test file of this run
   return dir;
 }

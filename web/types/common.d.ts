@@ -2,7 +2,7 @@
 // Each entry's declarations (node.d.ts, browser.d.ts, vit-deploy.d.ts) re-export these and
 // declare ViT, decodeImage, bundleFile and int8Warning for its own platform's images.
 
-// -- the bundle contract (src/lib/common.mjs; Python's, as tests/test_web_constants.py checks)
+// -- the bundle contract (src/lib/common.mjs; Python's, as tests/website/test_web_constants.py checks)
 export declare const BUNDLE_FORMAT: 'vit-deploy-bundle';
 /** The newest manifest format this runtime reads. */
 export declare const BUNDLE_FORMAT_VERSION: number;

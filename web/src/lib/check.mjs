@@ -1,11 +1,11 @@
 // The proof that travels with a bundle, in JavaScript: golden references (PyTorch fp32
 // outputs of seeded inputs, references.bin) against what this runtime computes, judged by the
 // project's tolerance policy (vit_deploy/runtime/contract.py, tied by
-// tests/test_web_constants.py), into the report every runtime writes (schema
+// tests/website/test_web_constants.py), into the report every runtime writes (schema
 // "vit-deploy-report" v1: Python's `check --json`, Node's and the page's `vit.check()`).
 // A SigLIP 2 NaFlex bundle's references (manifest `naflex_references`: seeded RGB images of
 // several aspect ratios, runtime/naflex_references.py) are read and judged here too
-// (`naflex.check()`), as Python's naflex_check.py judges them.
+// (`naflex.check()`), as Python's check/naflex.py judges them.
 import { BundleError, isInt, MAX_SIDE, show } from './common.mjs';
 
 const REFERENCES_ROLE = 'references'; // the role of references.bin under files (manifest.mjs's)
@@ -287,7 +287,7 @@ export function naflexReferences(m, declared, where = 'manifest') {
 /**
  * The check report of a loaded NaFlex model (`naflex`: its `precision`, `info.provider` and
  * `run(batch)`) against `references` (naflexReferences) and their bytes, as Python's
- * naflex_check.judge_case: each case's images regenerated, made into one batch by `pre`
+ * check/naflex.py's judge_case: each case's images regenerated, made into one batch by `pre`
  * (the bundle's NaFlexPreprocess), every stored output compared, the output `masked`
  * (last_hidden_state) at the real patches only (its padding rows zeroed, as stored); each
  * image's cosine (the least is reported). A case's resolution is its first image's resized

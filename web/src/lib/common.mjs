@@ -1,5 +1,5 @@
 // What every module shares: the bundle contract's constants (each one Python's, as
-// tests/test_web_constants.py checks), the errors, and the small checks they are built on.
+// tests/website/test_web_constants.py checks), the errors, and the small checks they are built on.
 
 export const BUNDLE_FORMAT = 'vit-deploy-bundle';
 export const BUNDLE_FORMAT_VERSION = 2; // the newest manifest format this module reads

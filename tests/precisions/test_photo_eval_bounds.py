@@ -1,0 +1,41 @@
+"""What judging holds is bounded (issue: `quantize --eval DIR` kept every image of DIR
+decoded at full size, three views each, with no count limit): at most MAX_JUDGED images of a
+folder are judged, said in the report's words, and a large photograph is reduced before its
+views are cut."""
+
+from __future__ import annotations
+
+from PIL import Image
+
+from vit_deploy.precisions.photos import MAX_JUDGED, VIEW_SIDE, EvalImages, resolve
+
+
+def test_a_large_folder_is_judged_on_its_first_images_and_says_so(tmp_path):
+    folder = tmp_path / "eval"
+    folder.mkdir()
+    for i in range(MAX_JUDGED + 6):
+        Image.new("RGB", (8, 8), (i, 0, 0)).save(folder / f"{i:03d}.png")
+    _, judged = resolve("digits", folder)
+    assert [p.name for p in judged.paths] == [f"{i:03d}.png" for i in range(MAX_JUDGED)]
+    assert f"the first {MAX_JUDGED} of the {MAX_JUDGED + 6} images" in judged.source
+
+
+def test_a_small_folder_is_judged_whole(tmp_path):
+    folder = tmp_path / "eval"
+    folder.mkdir()
+    for i in range(3):
+        Image.new("RGB", (8, 8)).save(folder / f"{i}.png")
+    _, judged = resolve("digits", folder)
+    assert len(judged.paths) == 3 and judged.source.startswith("3 images in ")
+
+
+def test_a_large_photograph_is_reduced_before_its_views(tmp_path):
+    big = tmp_path / "big.png"
+    Image.new("RGB", (5 * VIEW_SIDE, 2 * VIEW_SIDE + 7), "white").save(big)
+    small = tmp_path / "small.png"
+    Image.new("RGB", (640, 480), "white").save(small)
+    views = EvalImages((big, small), "").views()
+    assert len(views) == 6
+    assert views[0].size == (5 * VIEW_SIDE // 2, -(-(2 * VIEW_SIDE + 7) // 2))  # reduced by 2
+    assert all(min(v.size) < 2 * VIEW_SIDE for v in views[:3])
+    assert views[3].size == (640, 480)  # a photograph of ordinary size is left as it is

@@ -1,0 +1,212 @@
+"""The real photographs shipped as package data, and judging precisions on real images."""
+
+import hashlib
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from click.testing import CliRunner
+from PIL import Image
+
+from vit_deploy.cli import main
+from vit_deploy.data import data_path, photo_paths
+from vit_deploy.export.bundle import ExportOptions, export_bundle
+from vit_deploy.precisions.photos import judge_photos, resolve
+from vit_deploy.precisions.add import PrecisionOptions, add_precisions
+from vit_deploy.precisions.quantize import QuantOptions, linear_layers, quantize_model
+from vit_deploy.runtime import ViTSession
+from vit_deploy.runtime.manifest import load_manifest
+from vit_deploy.precisions.smooth import smooth_model
+
+
+def test_the_shipped_photographs_are_small_licensed_and_apart():
+    calib, held_out = photo_paths("calib"), photo_paths("eval")
+    assert len(calib) == len(held_out) == 6
+    assert not {p.name.split("-", 1)[1] for p in calib} & {p.name.split("-", 1)[1] for p in held_out}
+    sources = data_path("photos/SOURCES.md").read_text(encoding="utf-8")
+    for path in calib + held_out:
+        row = next(line for line in sources.splitlines() if f"`{path.name}`" in line)
+        assert re.search(r"public domain|CC0|CC BY 2\.0|no known copyright", row), row
+        with Image.open(path) as im:
+            assert im.mode == "RGB" and max(im.size) <= 448 and min(im.size) >= 200
+        # real photographs, not flat or synthetic: a wide spread of pixel values
+        assert np.asarray(Image.open(path)).std() > 20, path
+    assert sum(p.stat().st_size for p in calib + held_out) < 1_000_000
+    with pytest.raises(ValueError, match="photo role must be one of"):
+        photo_paths("train")
+
+
+def test_eval_images_come_from_eval_or_a_held_out_quarter_of_calib(tmp_path):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    for i in range(8):
+        Image.fromarray(np.full((20, 30, 3), i * 30, np.uint8)).save(folder / f"{i}.png")
+    files, judged = resolve(folder, None)
+    assert [p.name for p in judged.paths] == ["3.png", "7.png"]
+    assert [p.name for p in files] == ["0.png", "1.png", "2.png", "4.png", "5.png", "6.png"]
+    assert len(judged) == 6 and "held out from calibration" in judged.source
+    files, judged = resolve(None, None)  # the defaults: shipped sets
+    assert files == photo_paths("calib") and list(judged.paths) == photo_paths("eval")
+    with pytest.raises(ValueError, match="share 8 image"):
+        resolve(folder, folder)
+    with pytest.raises(ValueError, match="--eval must be a folder of images"):
+        resolve(None, tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no images"):
+        resolve(tmp_path / "empty", None)
+
+
+def test_judge_photos_reports_pooled_tokens_and_top1():
+    rng = np.random.default_rng(0)
+    ref = {"logits": rng.standard_normal((4, 10)), "patch_tokens": rng.standard_normal((4, 6, 8))}
+    out = {k: v.copy() for k, v in ref.items()}
+    out["patch_tokens"][1, 2] = -ref["patch_tokens"][1, 2]  # one token flipped
+    cases = {c.output: c for c in judge_photos(ref, out, resolution=(32, 48), precision="int8")}
+    assert cases["logits"].cosine_min == pytest.approx(1.0) and cases["logits"].top1_agree == 1.0
+    tokens = cases["patch_tokens"]
+    assert tokens.token_cosine_min == pytest.approx(-1.0) and tokens.top1_agree is None
+    assert tokens.token_cosine_median == pytest.approx(1.0) and not tokens.passed
+    assert tokens.cosine_min < 0.99 and tokens.label == "32x48 patch_tokens"
+
+
+def plant_outliers(model, factor=30.0):
+    """The trained-ViT pattern (a few LayerNorm output channels far larger than the rest,
+    the next layer's weights correspondingly smaller): the same function in float."""
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for block in model.blocks:
+            for norm, linear in ((block.norm1, block.attn.qkv), (block.norm2, block.mlp.fc1)):
+                idx = torch.randperm(norm.weight.shape[0], generator=g)[:3]
+                norm.weight[idx] *= factor
+                norm.bias[idx] *= factor
+                linear.weight[:, idx] /= factor
+    return model
+
+
+@pytest.fixture(scope="module")
+def outlier_bundle(tmp_path_factory, make_tiny):
+    out = tmp_path_factory.mktemp("outliers") / "bundle"
+    export_bundle(plant_outliers(make_tiny()), out, options=ExportOptions(resolution=(48, 64)))
+    return out
+
+
+@pytest.mark.heavy  # seconds of quantising (make test-fast leaves it out)
+def test_smoothing_keeps_the_float_function_and_rescues_int8(outlier_bundle, tmp_path,
+                                                             monkeypatch):
+    from vit_deploy.precisions.add import calibration_batches
+
+    manifest = load_manifest(outlier_bundle)
+    fp32 = manifest.model_path(outlier_bundle, "fp32")
+    calibration = calibration_batches(manifest, None)
+    linears = list(linear_layers(onnx.load(str(fp32))).values())
+    smoothed, n = smooth_model(fp32, linears, calibration, 0.5)
+    assert n == 4  # norm1 -> qkv and norm2 -> fc1 of both blocks
+    onnx.save(smoothed, str(tmp_path / "smoothed.onnx"))
+    x = calibration[0]
+    with ViTSession(fp32) as a, ViTSession(tmp_path / "smoothed.onnx") as b:
+        np.testing.assert_allclose(b.run(x), a.run(x), rtol=1e-4, atol=1e-5)
+    bundle = tmp_path / "b"
+    shutil.copytree(outlier_bundle, bundle)
+    import vit_deploy.precisions.smooth as smooth_module
+
+    calls = []  # the per-channel statistics do not depend on alpha
+    real = smooth_module.channel_absmax
+    monkeypatch.setattr(smooth_module, "channel_absmax",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    smooth_module._channel_stats.clear()
+    results = add_precisions(bundle, ["int8", "int8-static"], options=PrecisionOptions(
+        smooth="auto", force=True))
+    # per precision, once on the search's fitted half and once on all the images (for the
+    # file), not once per candidate (int8's graph differs: its head Gemm becomes a MatMul)
+    assert len(calls) == 4, calls
+    for r in results:  # the recipe search: unsmoothed first, smoothing when that falls short
+        steps = r.recipe["search"]["steps"]
+        assert steps[0]["action"] == "every layer quantised" and not steps[0]["meets_target"]
+        smoothed = [s for s in steps if s["action"].startswith("smoothing alpha")]
+        # the alphas in order, until one meets the target (then no stronger one is tried)
+        tried = [s["action"] for s in smoothed]
+        assert tried == ["smoothing alpha 0.5", "smoothing alpha 0.75"][:len(tried)], tried
+        assert smoothed[-1]["meets_target"] or len(tried) == 2, smoothed
+        assert not any(s["meets_target"] for s in smoothed[:-1]), smoothed
+        assert max(s["worst"] for s in smoothed) > steps[0]["worst"] + 0.01, steps
+        chosen = r.recipe["smoothing"]
+        assert chosen["alpha"] in (0.5, 0.75) and chosen["layernorms"] == 4
+        assert r.passed and r.recipe["search"]["met"], r.notes
+    assert min(r.worst_photo.cosine_min for r in results) >= 0.995
+
+
+def test_noise_hides_what_real_photographs_show(outlier_bundle, tmp_path):
+    """On the outlier model, int4 passes the noise figures and fails on photographs: the
+    real images decide, and the refusal names the figure and the layers that cost most."""
+    bundle = tmp_path / "b"
+    shutil.copytree(outlier_bundle, bundle)
+    r = CliRunner().invoke(main, ["quantize", str(bundle), "--precision", "int4"],
+                           terminal_width=200)
+    assert r.exit_code == 1, r.output
+    text = " ".join(r.output.split())
+    assert "judged on 6 real photographs shipped with vit-deploy, held out from calibration" in text
+    assert re.search(r"worst image cosine 0\.\d+ < 0\.95", text)
+    assert re.search(r"layers that cost most \(relative error each adds\): blocks\.\d\.\S+ \+", text)
+    assert not (bundle / "model.int4.onnx").exists()
+    [forced] = add_precisions(bundle, ["int4"], options=PrecisionOptions(force=True))
+    assert min(c.cosine for c in forced.parity.cases) >= 0.95  # noise: would have passed
+    assert forced.worst_photo.cosine_min < 0.95
+
+
+@pytest.mark.heavy  # seconds of quantising (make test-fast leaves it out)
+def test_calibration_methods_write_different_files(outlier_bundle, tmp_path):
+    from vit_deploy.precisions.add import calibration_batches
+
+    manifest = load_manifest(outlier_bundle)
+    fp32 = manifest.model_path(outlier_bundle, "fp32")
+    calibration = calibration_batches(manifest, None)
+    digests = {}
+    for method in ("minmax", "entropy", "percentile"):
+        path = tmp_path / f"{method}.onnx"
+        quantize_model(fp32, path, precision="int8-static", calibration=calibration,
+                       options=QuantOptions(calibration=method))
+        digests[method] = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert len(set(digests.values())) == 3, digests
+
+
+@pytest.mark.heavy  # seconds of quantising (make test-fast leaves it out)
+def test_quantize_prints_no_onnx_runtime_chatter(outlier_bundle, tmp_path):
+    bundle = tmp_path / "b"
+    shutil.copytree(outlier_bundle, bundle)
+    for args in (["int4", "--max-drop", "0.2"], ["int8-static", "--calib-method", "entropy"]):
+        run = subprocess.run([sys.executable, "-m", "vit_deploy.cli", "quantize", str(bundle),
+                              "--precision", *args, "--quiet"], capture_output=True, text=True,
+                             timeout=600)
+        lines = (run.stdout + run.stderr).splitlines()
+        assert run.returncode in (0, 1), run.stderr
+        assert len(lines) <= 20, "\n".join(lines)
+        assert not any("INFO" in line or "Collecting tensor data" in line or "Number of" in line
+                       for line in lines), lines
+
+
+def test_a_broken_eval_image_is_a_clear_error(outlier_bundle, tmp_path):
+    folder = tmp_path / "eval"
+    folder.mkdir()
+    (folder / "broken.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    bundle = tmp_path / "b"
+    shutil.copytree(outlier_bundle, bundle)
+    before = sorted(p.name for p in bundle.iterdir())
+    r = CliRunner().invoke(main, ["quantize", str(bundle), "--precision", "int8", "--eval",
+                                  str(folder)])
+    assert r.exit_code != 0 and "Traceback" not in r.output, r.output
+    assert "broken.jpg" in r.output, r.output
+    assert sorted(p.name for p in bundle.iterdir()) == before  # nothing written
+
+
+def test_bad_smooth_and_eval_options_are_usage_errors(outlier_bundle, tmp_path):
+    for args, message in ((["--smooth", "1.5"], "--smooth must be auto, none or a number"),
+                          (["--smooth", "lots"], "--smooth must be auto, none or a number"),
+                          (["--eval", str(tmp_path / "nowhere")], "--eval must be a folder")):
+        r = CliRunner().invoke(main, ["quantize", str(outlier_bundle), "--precision", "int8",
+                                      *args])
+        assert r.exit_code == 2 and message in " ".join(r.output.split()), r.output

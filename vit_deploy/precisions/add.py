@@ -1,0 +1,384 @@
+"""Add precisions to a bundle: quantise, measure against fp32, keep what passes.
+
+Torch-free: the reference is the bundle's fp32 ONNX model, which the export already
+checked against PyTorch under the fp32 policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from vit_deploy.runtime.files import link_or_copy
+from vit_deploy.runtime.swap import staging_directory, writer_lock
+from vit_deploy.atomic import atomic_directory
+from vit_deploy.runtime.contract import ACCURACY_MAX_DROP, PRECISION_FILES, PRECISIONS, model_role, tolerance_class
+from vit_deploy.parity import ParityReport
+from vit_deploy.precisions.evaluate import PHOTO_BATCH, Evaluator, calibration_batches, ort_kernels
+from vit_deploy.precisions.photos import EvalImages, PhotoCase, layer_costs
+from vit_deploy.progress import Progress, silent
+from vit_deploy.precisions.quantize import QuantOptions, quantisable_layers, quantize_model
+from vit_deploy.precisions.search import search, search_notes
+from vit_deploy.runtime.manifest import Manifest, load_manifest
+from vit_deploy.runtime.manifest_parts import FileEntry
+from vit_deploy.runtime.sizes import format_resolution
+
+# The kernels ONNX Runtime's CPU provider must run, one per quantised layer (else some
+# layer silently stayed float: for QDQ, DequantizeLinear of the weight + an fp32 MatMul)
+EXPECTED_KERNELS = {"int8": ("DynamicQuantizeMatMul",), "int4": ("MatMulNBits",),
+                    "int8-static": ("MatMulIntegerToFloat", "QLinearMatMul", "QGemm")}
+EVAL_SETS = ("digits",)  # labelled held-out sets shipped with the package
+# The smoothing strengths `--smooth auto` tries with --max-drop (None: unsmoothed), on the
+# calibration images; without it the recipe search (search.py) chooses
+SMOOTH_ALPHAS = (None, 0.5, 0.75)
+
+
+@dataclass
+class PrecisionResult:
+    precision: str
+    file: str
+    passed: bool
+    recipe: dict[str, Any]
+    parity: ParityReport
+    accuracy: dict[str, float] | None = None
+    runtime: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    size: int = 0
+    photos: list[PhotoCase] = field(default_factory=list)  # on real images: the verdict
+    judged_on: str = ""  # which real images
+    layer_costs: list[dict[str, Any]] = field(default_factory=list)  # when photos failed
+
+    @property
+    def worst_photo(self) -> PhotoCase | None:
+        return min(self.photos, key=lambda c: c.cosine_min) if self.photos else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "passed": self.passed, "recipe": self.recipe,
+                "parity": self.parity.to_dict(), "accuracy": self.accuracy,
+                "real_images": {"judged_on": self.judged_on,
+                                "cases": [c.to_dict() for c in self.photos],
+                                **({"layer_costs": self.layer_costs} if self.layer_costs
+                                   else {})},
+                "runtime": self.runtime, "notes": self.notes, "size": self.size}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrecisionOptions:
+    quant: QuantOptions = QuantOptions()
+    max_drop: float | None = None  # sensitivity budget (accuracy points, or 1 - cosine)
+    force: bool = False  # write precisions that fail the policy
+    # A labelled held-out set to measure top-1 accuracy on ("digits": the trained test
+    # model's); None: judged by the logits alone.
+    eval_set: str | None = None
+    # The real images every precision is judged on (photos.resolve); None: the
+    # photographs shipped with the package, held out from the default calibration set.
+    eval_images: EvalImages | None = None
+    calibration_source: str = "real photographs shipped with vit-deploy"
+    # int8 / int8-static smoothing (smooth.py): "auto" tries SMOOTH_ALPHAS and keeps the
+    # one that agrees best with fp32 on the calibration images; a number is that alpha;
+    # None: no smoothing.
+    smooth: str | float | None = "auto"
+
+    def __post_init__(self) -> None:
+        if self.eval_set is not None and self.eval_set not in EVAL_SETS:
+            raise ValueError(f"evaluation set must be one of {list(EVAL_SETS)}, got "
+                             f"{self.eval_set!r}")
+        if not (self.smooth is None or self.smooth == "auto" or (
+                isinstance(self.smooth, (int, float)) and not isinstance(self.smooth, bool)
+                and 0.0 <= self.smooth <= 1.0)):
+            raise ValueError(f"smoothing must be 'auto', none or an alpha within [0, 1], "
+                             f"got {self.smooth!r}")
+
+
+@dataclass
+class PrecisionsReport:
+    """What `add_precisions` measured, against the bundle's fp32 model."""
+
+    results: list[PrecisionResult]
+    fp32_size: int
+    force: bool = False
+
+    @property
+    def failed(self) -> list[str]:
+        return [r.precision for r in self.results if not r.passed]
+
+    def __bool__(self) -> bool:
+        return not self.failed
+
+    def __iter__(self):
+        return iter(self.results)
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def __rich__(self) -> Any:
+        from rich.console import Group
+        from rich.filesize import decimal
+        from rich.table import Table
+
+        table = Table("precision", "file", "size", "cos min (median)", "tok p1", "max|Δ|",
+                      "top-1", "noise cos", "accuracy", "result",
+                      title="precisions vs fp32, on real images (noise cos: beside them)",
+                      title_justify="left")
+        for r in self.results:
+            acc, worst = r.accuracy, r.worst_photo
+            tokens = [c.token_cosine_p1 for c in r.photos if c.token_cosine_p1 is not None]
+            top1 = [c.top1_agree for c in r.photos if c.top1_agree is not None]
+            table.add_row(r.precision, r.file,
+                          f"{decimal(r.size)} ({r.size / max(1, self.fp32_size):.1%})",
+                          f"{worst.cosine_min:.5f} ({worst.cosine_median:.5f})" if worst else "-",
+                          f"{min(tokens):.5f}" if tokens else "-",
+                          f"{max(c.max_abs for c in r.photos):.2e}" if r.photos else "-",
+                          f"{min(top1):.0%}" if top1 else "-",
+                          f"{min(c.cosine for c in r.parity.cases):.5f}",
+                          f"{acc['top1']}% (fp32 {acc['fp32_top1']}%)" if acc else "-",
+                          "ok" if r.passed else ("FAIL, written (--force)" if self.force else
+                                                 "FAIL, not written"))
+        judged = {r.judged_on for r in self.results if r.judged_on}
+        lines: list[Any] = [table]
+        sizes = sorted({format_resolution(c.resolution) for r in self.results for c in r.photos})
+        lines += [f"judged on {j}, at {', '.join(sizes)}: cos: "
+                  "per image, its whole output; tok p1: 1st percentile of per-token cosine; "
+                  "top-1: same class as fp32; noise cos: seeded N(0,1) pixels"
+                  for j in sorted(judged)]
+        for r in self.results:
+            lines += [f"{r.precision}: {note}" for note in r.notes]
+            if r.recipe.get("sensitivity"):
+                kept = [x["layer"] for x in r.recipe["sensitivity"]["ranking"]
+                        if x.get("kept_float")]
+                lines.append(f"{r.precision}: kept float by sensitivity: {kept or 'none'}")
+        if self.failed:
+            lines.append(f"[red]{', '.join(self.failed)} failed the tolerance policy"
+                         f"{' (written anyway: --force)' if self.force else ' and were not written'}[/]")
+        return Group(*lines)
+
+
+def add_precisions(bundle: str | Path, precisions: Sequence[str], *,
+                   options: PrecisionOptions = PrecisionOptions(),
+                   calibration: Sequence[np.ndarray] | None = None,
+                   progress: Progress = silent) -> PrecisionsReport:
+    """Quantise the bundle's fp32 model into each precision, measure, and rewrite the bundle
+    atomically with those that pass (all of them with `force`). The bundle is locked from
+    the first read to the swap: a second writer fails instead of losing a precision."""
+    with writer_lock(bundle):
+        return _add_precisions(Path(bundle), precisions, options=options,
+                               calibration=calibration, log=progress)
+
+
+def _add_precisions(bundle: Path, precisions: Sequence[str], *, options: PrecisionOptions,
+                    calibration: Sequence[np.ndarray] | None,
+                    log: Progress) -> PrecisionsReport:
+    manifest = load_manifest(bundle)
+    if manifest.naflex:  # patches + mask + grids: judged by naflex.py
+        return _add_naflex(bundle, manifest, precisions, options, log)
+    unknown = [p for p in precisions if p not in PRECISIONS]
+    if unknown:
+        raise ValueError(f"unknown precision(s) {unknown}; known: {list(PRECISIONS)}")
+    wanted = [p for p in dict.fromkeys(precisions) if p != "fp32"]
+    if not calibration and any(p.startswith("int8") for p in wanted):
+        calibration = calibration_batches(manifest, None)  # the shipped photographs
+    log("running the fp32 reference")
+    evaluator = Evaluator(bundle, manifest, eval_set=options.eval_set,
+                          images=options.eval_images)
+    results: list[PrecisionResult] = []
+    with staging_directory(bundle) as tmp:  # removed by the next opener if killed
+        for precision in wanted:
+            log(f"{precision}: quantising")
+            quant = options.quant
+            scores: dict[str, float] = {}
+            searched: dict[str, Any] = {}
+            if precision.startswith("int8") and options.max_drop is None:
+                quant, searched = search(evaluator, precision, quant, calibration, Path(tmp),
+                                         smooth=options.smooth, progress=log)
+            elif precision.startswith("int8") and options.smooth is not None:
+                quant, scores = choose_smoothing(evaluator, precision, quant, calibration,
+                                                 options.smooth, Path(tmp), log)
+            ranking: list[dict[str, Any]] = []
+            if options.max_drop is not None and precision != "fp16":
+                quant, ranking = choose_exclusions(evaluator, precision, quant, calibration,
+                                                   options.max_drop, Path(tmp), log)
+            dst = Path(tmp) / PRECISION_FILES[precision]
+            q = quantize_model(evaluator.reference, dst, precision=precision, options=quant,
+                               calibration=calibration, progress=log)
+            if precision.startswith("int8"):
+                q.recipe["calibration_source"] = options.calibration_source
+            if scores:
+                q.recipe.setdefault("smoothing", {"alpha": None})["chosen_on"] = {
+                    "images": int(sum(len(c) for c in calibration or [])),
+                    "metric": "worst per-image cosine to fp32 on the calibration images",
+                    "scores": scores}
+            if searched:
+                q.recipe["search"] = searched
+                q.recipe.setdefault("smoothing", {"alpha": None})["chosen_by"] = "recipe search"
+            if ranking:
+                q.recipe["sensitivity"] = {"max_drop": options.max_drop, "metric":
+                                           "accuracy points" if evaluator.digits is not None
+                                           else "1 - cosine", "ranking": ranking}
+            results.append(_measure(evaluator, dst, precision, q.recipe))
+            r = results[-1]
+            log("; ".join([f"{precision}: {'pass' if r.passed else 'FAIL'}",
+                           *(n.strip() for n in r.notes if n.strip())]))
+        keep = [r for r in results if r.passed or options.force]
+        if keep:
+            log(f"writing {', '.join(r.precision for r in keep)} into {bundle}")
+            _rewrite(bundle, manifest, keep, Path(tmp))
+    return PrecisionsReport(results, manifest.files[manifest.model_file("fp32")].size,
+                            force=options.force)
+
+
+def _add_naflex(bundle: Path, manifest: Manifest, precisions: Sequence[str],
+                options: PrecisionOptions, log: Progress) -> PrecisionsReport:
+    from vit_deploy.precisions.naflex import JUDGED_ON, naflex_candidates
+
+    with staging_directory(bundle) as tmp:
+        results = [PrecisionResult(c.precision, c.path.name, c.passed, c.recipe, c.noise,
+                                   photos=c.photos, judged_on=JUDGED_ON,
+                                   size=c.path.stat().st_size)
+                   for c in naflex_candidates(bundle, manifest, precisions, Path(tmp),
+                                              quant=options.quant, progress=log)]
+        keep = [r for r in results if r.passed or options.force]
+        if keep:
+            log(f"writing {', '.join(r.precision for r in keep)} into {bundle}")
+            _rewrite(bundle, manifest, keep, Path(tmp))
+    return PrecisionsReport(results, manifest.files[manifest.model_file("fp32")].size,
+                            force=options.force)
+
+
+def choose_smoothing(evaluator: Evaluator, precision: str, quant: QuantOptions,
+                     calibration: Sequence[np.ndarray], smooth: str | float, tmp: Path,
+                     log: Callable[[str], None]) -> tuple[QuantOptions, dict[str, float]]:
+    """The smoothing alpha for an int8 precision: the given one, or with "auto" the one of
+    SMOOTH_ALPHAS whose model agrees best with fp32 on the calibration images (the
+    judging images stay held out). Ties keep the weaker smoothing. The probes calibrate
+    by minmax (ORT's entropy search takes seconds per tensor); the file written uses the
+    method asked for."""
+    if smooth != "auto":
+        return dataclasses.replace(quant, smooth=float(smooth)), {}
+    scores: dict[str, float] = {}
+    best, best_score = None, -np.inf
+    for alpha in SMOOTH_ALPHAS:
+        path = tmp / f"probe.smooth.{precision}.onnx"
+        quantize_model(evaluator.reference, path, precision=precision, calibration=calibration,
+                       options=dataclasses.replace(quant, smooth=alpha, calibration="minmax"))
+        score = evaluator.calibration_score(path, calibration).worst
+        scores["none" if alpha is None else str(alpha)] = round(score, 6)
+        if score > best_score + 1e-6:
+            best, best_score = alpha, score
+    log(f"{precision}: smoothing alpha {best} (calibration images: "
+        + ", ".join(f"{k} {v:.5f}" for k, v in scores.items()) + ")")
+    return dataclasses.replace(quant, smooth=best), scores
+
+
+def choose_exclusions(evaluator: Evaluator, precision: str, quant: QuantOptions,
+                      calibration: Sequence[np.ndarray] | None, max_drop: float, tmp: Path,
+                      log: Callable[[str], None]) -> tuple[QuantOptions, list[dict[str, Any]]]:
+    """Keep the most sensitive linear layers in float until the drop is within budget."""
+    def drop_with(exclude: tuple[str, ...]) -> float:
+        path = tmp / f"probe.{precision}.onnx"
+        quantize_model(evaluator.reference, path, precision=precision, calibration=calibration,
+                       options=dataclasses.replace(quant, exclude=exclude))
+        return evaluator.drop(path, precision)
+
+    base = tuple(quant.exclude)
+    total = drop_with(base)
+    if total <= max_drop:
+        return quant, [{"layer": "(all quantised)", "drop": round(total, 6), "kept_float": False}]
+    model = onnx.load(str(evaluator.reference), load_external_data=False)
+    layers = [p for p in quantisable_layers(model, head=quant.head) if p not in base]
+    alone = {}
+    for layer in layers:  # quantise one layer at a time: the error it adds on its own
+        alone[layer] = drop_with(tuple(p for p in layers if p != layer) + base)
+    ranked = sorted(layers, key=lambda p: -alone[p])
+    excluded = list(base)
+    ranking = []
+    for layer in ranked:
+        if total <= max_drop:
+            break
+        if len(excluded) == len(base) + len(layers) - 1:
+            raise ValueError(f"--max-drop {max_drop} cannot be met for {precision}: with only "
+                             f"{layer} quantised the drop is still {total:.4g}")
+        excluded.append(layer)
+        total = drop_with(tuple(excluded))
+        ranking.append({"layer": layer, "drop_alone": round(alone[layer], 6), "kept_float": True,
+                        "drop_after": round(total, 6)})
+        log(f"{precision}: keeping {layer} in float (alone it costs {alone[layer]:.4g}); "
+            f"now {total:.4g}")
+    ranking += [{"layer": p, "drop_alone": round(alone[p], 6), "kept_float": False}
+                for p in ranked if p not in excluded]
+    return dataclasses.replace(quant, exclude=tuple(excluded)), ranking
+
+
+def _measure(evaluator: Evaluator, path: Path, precision: str,
+             recipe: dict[str, Any]) -> PrecisionResult:
+    parity = evaluator.parity(path, precision)
+    photos = evaluator.photos(path, precision)
+    accuracy = evaluator.accuracy(path)
+    notes: list[str] = []
+    passed = bool(parity) and all(c.passed for c in photos)
+    costs: list[dict[str, Any]] = []
+    failing = [c for c in photos if not c.passed]
+    if failing:
+        notes.append(f"on {evaluator.images.source}: " + ", ".join(
+            f"{c.label} worst image cosine {c.cosine_min:.5f} < {c.floor}" for c in failing))
+        if recipe.get("quantised_layers"):
+            layers = quantisable_layers(onnx.load(str(evaluator.reference),
+                                                  load_external_data=False), head=True)
+            costs = layer_costs(evaluator.reference, path,
+                                evaluator.photo_inputs[0][:PHOTO_BATCH],
+                                {p: n for p, n in layers.items()
+                                 if p in recipe["quantised_layers"]})
+        if costs:
+            notes.append("layers that cost most (relative error each adds): " + ", ".join(
+                f"{c['layer']} +{c['added_error']:.2%}" for c in costs)
+                + " (--exclude them, or --max-drop)")
+    if not parity:
+        notes.append("outside the tolerance policy on seeded noise: " + ", ".join(
+            f"{c.label} cosine {c.cosine:.5f} < {c.cosine_min}" for c in parity.failures))
+    limit = ACCURACY_MAX_DROP.get(tolerance_class(precision))
+    if accuracy is not None and limit is not None and accuracy["drop"] > limit:
+        passed = False
+        notes.append(f"held-out accuracy {accuracy['top1']}% is {accuracy['drop']} points under "
+                     f"fp32 ({accuracy['fp32_top1']}%), over the {limit}-point limit")
+    runtime = ort_kernels(path)
+    notes += search_notes(evaluator, recipe, runtime)
+    kernels = EXPECTED_KERNELS.get(precision)
+    n_quant = len(recipe.get("quantised_layers", []))
+    if kernels:
+        got = sum(runtime["optimised_ops"].get(k, 0) for k in kernels)
+        expected = " / ".join(kernels)
+        runtime["check"] = f"{got} {expected} for {n_quant} quantised layers"
+        if got != n_quant:
+            passed = False
+            notes.append(f"ONNX Runtime runs {got} {expected} kernels for {n_quant} quantised "
+                         f"layers: some stayed float")
+    if precision == "fp16":
+        inserted = runtime["inserted_casts"]
+        notes.append(f"CPU provider: ONNX Runtime inserted {inserted} Cast nodes to run ops "
+                     f"that have no fp16 CPU kernel in fp32 (fp16 is a GPU precision)"
+                     if inserted else "CPU provider ran the fp16 graph without inserted casts")
+    return PrecisionResult(precision, PRECISION_FILES[precision], passed, recipe, parity,
+                           accuracy, runtime, notes, size=path.stat().st_size, photos=photos,
+                           judged_on=evaluator.images.source, layer_costs=costs)
+
+
+def _rewrite(bundle: Path, manifest: Manifest, results: list[PrecisionResult],
+             staged: Path) -> None:
+    """The bundle with the new precisions, swapped in atomically. Only files the manifest
+    lists are ours to replace; everything else in the bundle is carried over."""
+    with atomic_directory(bundle) as tmp:
+        for name in manifest.files:
+            if name not in {r.file for r in results}:  # hard links: nothing is copied
+                link_or_copy(bundle / name, tmp / name)
+        for r in results:
+            shutil.move(str(staged / r.file), tmp / r.file)
+            manifest = manifest.with_precision(r.precision, r.file,
+                                               FileEntry.of(tmp / r.file, model_role(r.precision)),
+                                               r.to_dict())
+        manifest.save(tmp)

@@ -1,0 +1,241 @@
+"""Judging a precision on real photographs: which images, what agrees, which layers cost.
+
+Noise inputs and random weights hide what breaks int8 on trained models (activation
+outliers): every precision is judged on real images, the user's (`--eval DIR`, or a
+held-out quarter of `--calib DIR`) or, by default, the photographs shipped in
+vit_deploy/data/photos (held out from the default calibration set). Torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from vit_deploy.precisions.probe import tensor_probe
+from vit_deploy.runtime.contract import COSINE_MIN, LOGITS_NAME, tolerance_class
+from vit_deploy.runtime.sizes import format_resolution
+
+SHIPPED = "photos"  # the name that selects the shipped photographs
+HOLD_OUT_EVERY = 4  # --calib DIR without --eval: every 4th image is held out to judge
+VIEW_BOX = (0.0, 0.0, 2 / 3, 2 / 3), (1 / 3, 1 / 3, 1.0, 1.0)  # two crops beside the whole
+# Bounds on what judging holds in memory: at most MAX_JUDGED images of a folder (each whole
+# and two crops: 3x as many views), each decoded image reduced (a box filter, by a whole
+# factor) until its shorter side is under 2 x VIEW_SIDE, far above any judged size's input.
+MAX_JUDGED = 64
+VIEW_SIDE = 1024
+
+
+@dataclass(frozen=True)
+class EvalImages:
+    """The real images a precision is judged on, and how the report names them."""
+
+    paths: tuple[Path, ...]
+    source: str
+    pixels: np.ndarray | None = None  # (N, H, W, 3) uint8 images instead of files, as they are
+
+    def __len__(self) -> int:
+        if self.pixels is not None:
+            return len(self.pixels)
+        return len(self.paths) * (1 + len(VIEW_BOX))
+
+    def views(self) -> list[Any]:
+        """Each image whole and two overlapping crops (top-left and bottom-right two
+        thirds): three framings of one photograph, as a user's images vary."""
+        from PIL import Image
+
+        from vit_deploy.runtime.preprocess import load_image
+
+        if self.pixels is not None:
+            return [Image.fromarray(p) for p in self.pixels]
+        out = []
+        for path in self.paths:
+            image = load_image(path)  # hostile files refused with a clear ImageError
+            factor = min(image.size) // VIEW_SIDE
+            if factor >= 2:  # a 50-megapixel photograph held 36 times over is gigabytes
+                image = image.reduce(factor)
+            w, h = image.size
+            out.append(image)
+            out += [image.crop((round(a * w), round(b * h), round(c * w), round(d * h)))
+                    for a, b, c, d in VIEW_BOX]
+        return out
+
+
+def image_files(folder: str | Path, what: str) -> list[Path]:
+    """The images Pillow opens in `folder` (recursively), sorted; refused if none."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"{what} must be a folder of images or '{SHIPPED}', got "
+                         f"{str(folder)!r}")
+    suffixes = image_suffixes()
+    files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in suffixes and p.is_file())
+    if not files:
+        raise ValueError(f"no images (files Pillow opens: .png, .jpg, .webp, ...) in "
+                         f"{str(folder)!r} ({what})")
+    return files
+
+
+def image_suffixes() -> set[str]:
+    """File suffixes Pillow can open here (its own registry)."""
+    from PIL import Image
+
+    return {ext for ext, fmt in Image.registered_extensions().items() if fmt in Image.OPEN}
+
+
+def shipped(role: str) -> list[Path]:
+    from vit_deploy.data import photo_paths
+
+    return photo_paths(role)
+
+
+def digits_images() -> EvalImages:
+    """The trained test model's held-out digits (its real inputs), as they are."""
+    from vit_deploy.data import load_digits_split
+
+    pixels = load_digits_split()["test_images"]
+    return EvalImages((), f"the {len(pixels)} held-out digits (the test model's own data)",
+                      pixels=pixels)
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def resolve(calib: str | Path | None, eval_images: str | Path | None
+            ) -> tuple[str | list[Path], EvalImages]:
+    """(calibration source: 'digits' or image files, the images that judge).
+
+    --eval DIR judges on DIR; without it a --calib DIR of 4 or more images gives every 4th
+    image to judging and calibrates on the rest; otherwise the shipped held-out photographs
+    judge. No --calib: the shipped calibration photographs."""
+    if calib is None or str(calib) == SHIPPED:
+        calib_files: str | list[Path] = shipped("calib")
+    elif str(calib) == "digits":
+        calib_files = "digits"
+    else:
+        calib_files = image_files(calib, "--calib")
+    if eval_images is not None and str(eval_images) != SHIPPED:
+        found = image_files(eval_images, "--eval")
+        files = found[:MAX_JUDGED]  # the first by name: said in the report
+        judged = EvalImages(tuple(files), (
+            f"{_count(len(files), 'image')} in {eval_images}" if len(files) == len(found) else
+            f"the first {len(files)} of the {len(found)} images in {eval_images} (by name; "
+            f"at most {MAX_JUDGED} are judged)") + ", each whole and two crops")
+        overlap = set(files) & set(calib_files if isinstance(calib_files, list) else [])
+        if overlap:
+            raise ValueError(f"--eval and --calib share {len(overlap)} image(s) (e.g. "
+                             f"{sorted(overlap)[0]}): judging must be on held-out images")
+    elif eval_images is None and calib_files == "digits":
+        judged = digits_images()
+    elif eval_images is None and isinstance(calib_files, list) and calib is not None \
+            and str(calib) != SHIPPED and len(calib_files) >= HOLD_OUT_EVERY:
+        held = calib_files[HOLD_OUT_EVERY - 1::HOLD_OUT_EVERY]
+        calib_files = [p for p in calib_files if p not in held]
+        judged_held = held[:MAX_JUDGED]
+        judged = EvalImages(tuple(judged_held), f"{_count(len(judged_held), 'image')} of "
+                                                f"{calib} held out from calibration (every "
+                                                f"{HOLD_OUT_EVERY}th"
+                            + (f"; the first {MAX_JUDGED} of {len(held)} judged" if
+                               len(held) > MAX_JUDGED else "") + "), each whole and two crops")
+    else:
+        files = shipped("eval")
+        judged = EvalImages(tuple(files), f"{len(files)} real photographs shipped with "
+                                          f"vit-deploy, held out from calibration, each whole "
+                                          f"and two crops")
+    return calib_files, judged
+
+
+@dataclass(frozen=True)
+class PhotoCase:
+    """One output of the model on the real images at one size, against fp32."""
+
+    resolution: tuple[int, int]
+    output: str
+    images: int
+    cosine_min: float  # per image, the whole output (for patch tokens: the whole grid)
+    cosine_median: float
+    max_abs: float
+    token_cosine_min: float | None  # per token: outputs (B, N, D) and grids (B, D, gh, gw)
+    token_cosine_p1: float | None  # 1st percentile of the per-token cosine
+    token_cosine_median: float | None
+    top1_agree: float | None  # logits of a classifier: same arg-max as fp32
+    floor: float  # the policy's cosine floor
+    passed: bool
+
+    @property
+    def label(self) -> str:
+        return f"{format_resolution(self.resolution)} {self.output}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"label": self.label}
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine of (n, d) float64 arrays; rows that are both zero agree."""
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    same = np.abs(a - b).max(axis=1) == 0
+    return np.where(norms > 0, (a * b).sum(axis=1) / np.maximum(norms, 1e-300), same * 1.0)
+
+
+def judge_photos(ref: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray], *,
+                 resolution: tuple[int, int], precision: str) -> list[PhotoCase]:
+    """Every output of `out` against fp32's `ref` on the same real images."""
+    floor = COSINE_MIN[tolerance_class(precision)]
+    cases = []
+    for name, r in ref.items():
+        o = out[name]
+        if r.shape != o.shape:
+            raise ValueError(f"output {name!r}: fp32 shape {r.shape}, {precision} {o.shape}")
+        r64, o64 = r.astype(np.float64), o.astype(np.float64)
+        per_image = _cosines(r64.reshape(len(r), -1), o64.reshape(len(o), -1))
+        tokens = None
+        if r.ndim == 3 and r.shape[1] > 1:  # (B, N, D): each token on its own
+            tokens = _cosines(r64.reshape(-1, r.shape[-1]), o64.reshape(-1, o.shape[-1]))
+        elif r.ndim == 4 and r.shape[2] * r.shape[3] > 1:  # a patch grid (B, D, gh, gw)
+            tokens = _cosines(*(np.moveaxis(t, 1, -1).reshape(-1, r.shape[1]) for t in (r64, o64)))
+        top1 = None
+        if name == LOGITS_NAME and r.ndim == 2 and r.shape[1] > 1:
+            top1 = float((r.argmax(1) == o.argmax(1)).mean())
+        finite = bool(np.isfinite(o).all())
+        cases.append(PhotoCase(
+            resolution=tuple(resolution), output=name, images=len(r),
+            cosine_min=float(per_image.min()), cosine_median=float(np.median(per_image)),
+            max_abs=float(np.abs(r64 - o64).max()),
+            token_cosine_min=None if tokens is None else float(tokens.min()),
+            token_cosine_p1=None if tokens is None else float(np.percentile(tokens, 1)),
+            token_cosine_median=None if tokens is None else float(np.median(tokens)),
+            top1_agree=top1, floor=floor,
+            passed=finite and float(per_image.min()) >= floor))
+    return cases
+
+
+def layer_costs(reference: Path, candidate: Path, x: np.ndarray,
+                layers: Mapping[str, str], *, top: int = 3) -> list[dict[str, Any]]:
+    """The linear layers (module path -> fp32 node name, in graph order) that add the most
+    error on `x`. Each layer's output is read from both models (the quantisers keep the
+    names of the tensors between layers); its relative error (|Δ| / |fp32| over the batch)
+    minus that of the layer before it is the error it adds, with what lies between (an
+    input scaled by smoothing is not compared: only the layers' outputs are). Largest
+    first, the `top` of them."""
+    ref_model = onnx.load(str(reference))
+    cand_model = onnx.load(str(candidate))
+    nodes = {n.name: n for n in ref_model.graph.node}
+    produced = {o for n in cand_model.graph.node for o in n.output}
+    outputs = {path: nodes[name].output[0] for path, name in layers.items()
+               if name in nodes and nodes[name].output[0] in produced}
+    if not outputs:
+        return []
+    names = list(dict.fromkeys(outputs.values()))
+    a, b = tensor_probe(ref_model, names)(x), tensor_probe(cand_model, names)(x)
+    costs, before = [], 0.0
+    for path, t in outputs.items():
+        r = a[t].astype(np.float64)
+        error = float(np.linalg.norm(b[t].astype(np.float64) - r) / max(np.linalg.norm(r), 1e-30))
+        costs.append({"layer": path, "added_error": round(error - before, 6),
+                      "output_error": round(error, 6)})
+        before = error
+    return sorted(costs, key=lambda c: -c["added_error"])[:top]
