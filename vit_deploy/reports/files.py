@@ -8,13 +8,11 @@ from __future__ import annotations
 import json
 import re
 import math
-import os
-import stat
 from pathlib import Path
 from typing import Any
 
 from vit_deploy.reports.schema import ReportError
-from vit_deploy.runtime.files import file_kind
+from vit_deploy.runtime.files import NotRegularFile, read_regular
 
 # What a saved report may be: reports are kilobytes and nest a few levels; anything far
 # past that is not a report, and is refused before it costs memory or the stack.
@@ -24,30 +22,18 @@ REPORT_MAX_DEPTH = 32
 
 def read_report(path: str | Path) -> bytes:
     """A saved report's bytes. Only a regular file (after symlinks) of at most
-    REPORT_MAX_BYTES is read; it is opened without blocking and checked before reading, so a
-    FIFO, /dev/zero or a directory given as a report is refused at once, not read forever."""
+    REPORT_MAX_BYTES is read (runtime/files.py's read_regular: opened without blocking, so a
+    FIFO, /dev/zero or a directory given as a report is refused at once, not read forever)."""
     where = repr(str(path))
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+        return read_regular(path, REPORT_MAX_BYTES)
+    except NotRegularFile as e:
+        got = e.kind or (f"{e.size / 2**20:.0f} MiB" if e.size is not None else "more")
+        size = "" if e.kind else f" of at most {REPORT_MAX_BYTES >> 20} MiB"
+        raise ReportError(f"cannot read bench report {where}: expected a JSON file{size}, "
+                          f"got {got}") from None
     except OSError as e:
         raise ReportError(f"cannot read bench report {where}: {e.strerror or e}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ReportError(f"cannot read bench report {where}: expected a JSON file, got "
-                              f"{file_kind(info.st_mode)}")
-        if info.st_size > REPORT_MAX_BYTES:
-            raise ReportError(f"cannot read bench report {where}: expected a JSON file of at "
-                              f"most {REPORT_MAX_BYTES >> 20} MiB, got "
-                              f"{info.st_size / 2**20:.0f} MiB")
-    except BaseException:
-        os.close(fd)
-        raise
-    with os.fdopen(fd, "rb") as f:
-        try:
-            return f.read(REPORT_MAX_BYTES + 1)
-        except OSError as e:
-            raise ReportError(f"cannot read bench report {where}: {e.strerror or e}") from None
 
 
 class _NotReportJSON(ValueError):

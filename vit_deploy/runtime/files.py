@@ -36,20 +36,37 @@ def file_kind(mode: int) -> str:
     return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
+class NotRegularFile(ValueError):
+    """`path` is not a regular file of at most `limit` bytes: `kind` says what it is (None for
+    a regular file that is too large), `size` its size in bytes where it is a file."""
+
+    def __init__(self, path: str | os.PathLike, limit: int, kind: str | None, size: int | None):
+        self.path, self.limit, self.kind, self.size = os.fspath(path), limit, kind, size
+        super().__init__(f"{self.path!r} is {kind}, not a file" if kind else
+                         f"{self.path!r} holds {'more than ' if size is None else ''}"
+                         f"{limit if size is None else size} bytes"
+                         f"{'' if size is None else f', more than {limit}'}")
+
+
 def read_regular(path: str | os.PathLike, limit: int) -> bytes:
     """The bytes of `path` if it is a regular file (symlinks followed) of at most `limit`
-    bytes; ValueError saying what it is otherwise. Opened without blocking and checked
-    before reading: a FIFO is refused at once, /dev/zero is never read."""
+    bytes; NotRegularFile saying what it is otherwise (OSError where it cannot be opened or
+    read). Opened without blocking and checked before reading: a FIFO is refused at once,
+    /dev/zero is never read. The one reader of untrusted files (journals, saved reports)."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
-    with os.fdopen(fd, "rb") as f:
+    try:  # checked before a file object is made of it (Python refuses a directory's fd)
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"{os.fspath(path)!r} is {file_kind(info.st_mode)}, not a file")
+            raise NotRegularFile(path, limit, file_kind(info.st_mode), None)
         if info.st_size > limit:
-            raise ValueError(f"{os.fspath(path)!r} holds {info.st_size} bytes, more than {limit}")
+            raise NotRegularFile(path, limit, None, info.st_size)
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
         data = f.read(limit + 1)
     if len(data) > limit:
-        raise ValueError(f"{os.fspath(path)!r} holds more than {limit} bytes")
+        raise NotRegularFile(path, limit, None, None)
     return data
 
 
