@@ -151,9 +151,24 @@ def _own_xdg_folders(config) -> None:
 _HOME_BEFORE = pytest.StashKey[dict]()
 
 
+def _pin_worker_to_its_cores() -> None:
+    """Under `-n N` on a machine of C cores, worker i keeps cores i, i+N, ... to itself. ONNX
+    Runtime and PyTorch size their thread pools by the cores a process may use (and the
+    processes a test starts inherit them): unpinned, two workers on two cores each ran two
+    spinning intra-op threads, four threads fighting for two cores. Numerics do not depend
+    on it; timings are never asserted (benchmarks measure them, alone)."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not (worker and count and hasattr(os, "sched_setaffinity")):
+        return
+    cores, index, count = sorted(os.sched_getaffinity(0)), int(worker.removeprefix("gw")), int(count)
+    if count <= len(cores):
+        os.sched_setaffinity(0, cores[index::count])
+
+
 def pytest_configure(config):
     onnx_export.trace = _memo_trace  # for the whole session: fixtures of every scope
     _own_xdg_folders(config)
+    _pin_worker_to_its_cores()
 
 
 def pytest_sessionfinish(session, exitstatus):
