@@ -18,7 +18,9 @@ with other guests this moves from minute to minute, and with it every engine's l
 the report warns when it fell short.
 
 Engines: `torch` (eager fp32 from the bundle's weights), `ort:PRECISION` (the bundle's
-file through `ViTSession`, the runtime users embed; provider reported), `ort-file:NAME`
+file through `ViTSession`, the runtime users embed; provider reported),
+`runtime-openvino:PRECISION` and `runtime-openvino-dynamic:PRECISION` (the same runtime on its
+OpenVINO engine: compiled per input shape, or one model with dynamic batch and grid), `ort-file:NAME`
 (a graph given with `--graph NAME=path`, e.g. a lever under test), `openvino:fp32`,
 `openvino:bf16`, `openvino:int8-static`, `openvino:int8-static-f32` (OpenVINO on our own
 files, static shape, LATENCY hint, same threads; `fp32` and `-f32` pin OpenVINO's inference
@@ -109,6 +111,16 @@ def _load_engine(engine: str, bundle: Path, graphs: dict[str, str], batch: int, 
             with torch.inference_mode():
                 return model(torch.from_numpy(x))
         return run, f"PyTorch {torch.__version__} eager, {torch.get_num_threads()} threads"
+    if kind in ("runtime-openvino", "runtime-openvino-dynamic"):
+        from vit_deploy.runtime import RuntimeOptions, ViTSession
+
+        static = kind == "runtime-openvino"
+        s = ViTSession(bundle, precision=name, provider="openvino", options=RuntimeOptions(
+            verify=False, threads=threads, static_shapes=static))
+        engine_session = s._session
+        return s.run, (f"vit-deploy's OpenVINO engine ({s.providers[0]}), "
+                       f"{'compiled per shape' if static else 'one dynamic model'}, "
+                       f"{engine_session.config}")
     if kind in ("ort", "ort-file"):
         from vit_deploy.runtime import RuntimeOptions, ViTSession
 
@@ -193,7 +205,7 @@ def _spawn(args: argparse.Namespace, engine: str, h: int, w: int, batch: int) ->
 
 def _available(engine: str) -> str | None:
     """Why an engine cannot run here (None: it can)."""
-    if engine.startswith("openvino:"):
+    if engine.split(":")[0] in ("openvino", "runtime-openvino", "runtime-openvino-dynamic"):
         import importlib.util
 
         if importlib.util.find_spec("openvino") is None:

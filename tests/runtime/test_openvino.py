@@ -91,6 +91,28 @@ def test_predict_features_and_threads_on_openvino(bundle):
         np.testing.assert_array_equal(a, b)
 
 
+@needs_openvino
+def test_a_model_compiled_per_shape_gives_what_the_dynamic_one_gives(bundle):
+    """static_shapes: OpenVINO's CPU device compiles the model once per input shape met (the
+    default there), keeps the last STATIC_SHAPES_KEPT; off, one dynamic model serves all."""
+    from vit_deploy.runtime.ov_session import STATIC_SHAPES_KEPT
+
+    inputs = [sample_inputs((8 * (1 + i % 5), 8 * (1 + i // 5)), 1 + i % 2, seed=i)
+              for i in range(STATIC_SHAPES_KEPT + 2)]
+    with ViTSession(bundle, provider="openvino") as static, \
+            ViTSession(bundle, provider="openvino",
+                       options=RuntimeOptions(static_shapes=False)) as dynamic:
+        assert static._session.static_shapes and not dynamic._session.static_shapes
+        for x in inputs:
+            np.testing.assert_allclose(static.run(x), dynamic.run(x), rtol=1e-4, atol=1e-4)
+        kept = list(static._session._by_shape)
+        assert len(kept) == STATIC_SHAPES_KEPT and dynamic._session._by_shape == {}
+        assert kept[-1] == (inputs[-1].shape,)  # the last ones met, each its own model
+        np.testing.assert_array_equal(static.run(inputs[0]), static.run(inputs[0]))
+    with pytest.raises(TypeError, match="static_shapes"):
+        RuntimeOptions(static_shapes="yes")
+
+
 # -- strict selection ---------------------------------------------------------------------
 def test_openvino_names_resolve_to_the_engine_not_to_onnx_runtime():
     names = [p.name for p in parse_providers("OpenVINO, openvino-gpu,openvino:gpu.1,cpu")]

@@ -50,12 +50,15 @@ class RuntimeOptions:
     # at a time (outputs independent of batching); False: batch anyway.
     split_batches: bool | None = None
     allow_large: bool = False  # run sizes whose attention estimate exceeds available memory
+    # OpenVINO: a model compiled for each input shape met (the last STATIC_SHAPES_KEPT kept)
+    # instead of one dynamic model; None: the engine's choice (ov_session.py)
+    static_shapes: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("cache_optimized", "io_binding", "verify", "reject_nonfinite",
                      "allow_large"):
             require_arg(f"RuntimeOptions({name})", getattr(self, name), bool, "True or False")
-        for name in ("spinning", "split_batches"):
+        for name in ("spinning", "split_batches", "static_shapes"):
             if getattr(self, name) is not None:
                 require_arg(f"RuntimeOptions({name})", getattr(self, name), bool,
                             "True, False or None")

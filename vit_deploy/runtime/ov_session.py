@@ -3,8 +3,10 @@
 `provider="openvino"` (openvino-cpu, openvino-gpu, openvino:DEVICE) runs the bundle's own
 ONNX file through the `openvino` package (imported only when asked for, quietly:
 providers.import_openvino_quietly):
-read_model keeps the batch and grid dynamic as the file declares them, and one compiled
-model serves every size (OpenVINO's CPU plugin keeps its kernels per shape). It is compiled
+read_model keeps the batch and grid dynamic as the file declares them, and that compiled
+model serves every size; on the CPU device (RuntimeOptions.static_shapes) a model reshaped
+to each input shape met is compiled on first use and kept (the last STATIC_SHAPES_KEPT),
+which OpenVINO's CPU plugin runs faster (measured: docs/cpu-speed.md). It is compiled
 with the LATENCY hint, RuntimeOptions.threads as INFERENCE_NUM_THREADS, and its inference
 precision pinned to f32 (on CPUs with AMX it would otherwise run what is not int8 in bf16,
 outside the fp32 tolerance). OpenVINOSession offers the part of ort.InferenceSession that
@@ -20,7 +22,9 @@ reason. Torch-free; a leaf like the rest of runtime/.
 from __future__ import annotations
 
 import queue
+import threading
 import warnings
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import groupby
 from pathlib import Path
@@ -39,6 +43,10 @@ from vit_deploy.runtime.providers import (CPU, OPENVINO, OPENVINO_INSTALL, Provi
 # What OpenVINO is told at compile time, where the device takes it (_compile_config).
 PERFORMANCE_HINT = "LATENCY"  # one stream: a call runs on every thread, as ORT's does
 INFERENCE_PRECISION = "f32"  # what is not int8 runs in f32, as in ONNX Runtime
+# static_shapes (RuntimeOptions): how many shapes keep a model compiled for them, and the
+# choice per device where the options leave it to us (measured: docs/cpu-speed.md)
+STATIC_SHAPES_KEPT = 8
+STATIC_SHAPES_DEFAULT = {"CPU": True}
 # Names of dynamic dims by position (OpenVINO keeps no dim_param names): the contract's
 _INPUT_DIMS = (BATCH_DIM, "channels", HEIGHT_DIM, WIDTH_DIM)
 _GRID_DIMS = (BATCH_DIM, "width", GRID_H_DIM, GRID_W_DIM)  # patch_tokens, layer_N
@@ -86,6 +94,12 @@ class OpenVINOSession:
         self.device = device
         self.config = {k: _text(self._compiled.get_property(k)) for k in config}  # as set
         self._meta = ModelMeta(_metadata(model))
+        # One compile per input shape (static_shapes): the dynamic model serves until then
+        self.static_shapes = (STATIC_SHAPES_DEFAULT.get(device.split(".")[0], False)
+                              if options.static_shapes is None else options.static_shapes)
+        self._core, self._model, self._compile = core, model, config
+        self._by_shape: OrderedDict[tuple, Any] = OrderedDict()
+        self._shape_lock = threading.Lock()
         # Names as the file has them (compiling may add some: a cast's at an fp16 output)
         self._inputs = [Port(p.get_any_name(), _shape(p.get_partial_shape(), _INPUT_DIMS))
                         for p in model.inputs]
@@ -112,21 +126,43 @@ class OpenVINOSession:
         names = [p.name for p in self._inputs]
         if sorted(feed) != sorted(names):
             raise ValueError(f"inputs {sorted(feed)} given; the model takes {names}")
+        compiled, idle = self._for_shape(tuple(tuple(np.shape(feed[n])) for n in names))
         try:
-            request = self._idle.get_nowait()
+            request = idle.get_nowait()
         except queue.Empty:
-            request = self._compiled.create_infer_request()
+            request = compiled.create_infer_request()
         try:  # share_inputs: no copy in; share_outputs=False: copies that outlive the request
             result = request.infer({n: feed[n] for n in names}, share_inputs=True,
                                    share_outputs=False)
-            outs = {p.name: result[port] for p, port in zip(self._outputs,
-                                                            self._compiled.outputs)}
+            outs = {p.name: result[port] for p, port in zip(self._outputs, compiled.outputs)}
         except RuntimeError as e:
             raise RuntimeError(f"OpenVINO ({self.device}) failed to run: "
                                f"{_first_lines(str(e))}") from None
         finally:
-            self._idle.put(request)
+            idle.put(request)
         return [outs[n] for n in (output_names or [p.name for p in self._outputs])]
+
+    def _for_shape(self, shapes: tuple[tuple[int, ...], ...]) -> tuple[Any, queue.SimpleQueue]:
+        """The compiled model for these input shapes, with its idle requests: the dynamic one,
+        or with static_shapes one compiled for exactly these (reshaped: every dim static,
+        which OpenVINO's CPU plugin runs faster), the last STATIC_SHAPES_KEPT kept. A shape
+        the model cannot take is left to the dynamic model, which says why."""
+        if not self.static_shapes:
+            return self._compiled, self._idle
+        with self._shape_lock:
+            if shapes in self._by_shape:
+                self._by_shape.move_to_end(shapes)
+                return self._by_shape[shapes]
+            model = self._model.clone()
+            try:
+                model.reshape({p.get_any_name(): list(s) for p, s in zip(model.inputs, shapes)})
+                compiled = self._core.compile_model(model, self.device, self._compile)
+            except RuntimeError:
+                return self._compiled, self._idle
+            self._by_shape[shapes] = compiled, queue.SimpleQueue()
+            if len(self._by_shape) > STATIC_SHAPES_KEPT:
+                self._by_shape.popitem(last=False)
+            return self._by_shape[shapes]
 
     def node_names(self) -> list[str]:
         """The compiled graph's layers (OpenVINO runs them all on its device, or fails to
