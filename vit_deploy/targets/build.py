@@ -12,7 +12,7 @@ that fails is not written. Then, per target:
 | cpu | fp32 (+ int8 if the bundle has it) | |
 | mobile | fp32 (+ int8 if the bundle has it) | ORT format (.ort + required_operators.config), ORT's mobile checker |
 | web | fp32 (+ int8 if the bundle has it) | ORT format |
-| npu | int8-static (QDQ, calibrated as `quantize` does) | ORT's mobile checker (NNAPI) |
+| npu | int8-static (QDQ, calibrated as `quantize` does; weights per tensor) | ORT's mobile checker (NNAPI); Qualcomm HTP (targets/htp.py) |
 | tensorrt | fp32, fp16 | TensorRT options (runtime/tensorrt.py) recorded |
 
 The bundle is rewritten atomically under its writer lock (files it does not list are
@@ -22,7 +22,7 @@ kept); adding a target again replaces that target's files.
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +138,9 @@ def _add_target(bundle: Path, options: TargetOptions, log: Progress) -> TargetRe
                 if precision != "fp32":
                     log(f"{format_resolution(hw)}: {precision}")
                     quant = _quant_options(manifest, precision, fp32)
+                    if options.target == "npu":  # HTP's MatMul takes no per-channel weights:
+                        quant = replace(quant, per_channel=False)  # they fell back to the CPU
+                        record["weights"] = "int8 per tensor (HTP's MatMul: targets/htp.py)"
                     calib = (_calibration(manifest, options, hw) if precision == "int8-static"
                              or quant.smooth is not None else None)
                     record.setdefault("int8_cpu", {})[precision] = quant.cpu

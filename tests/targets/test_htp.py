@@ -1,0 +1,80 @@
+"""The npu target on Qualcomm's HTP backend, emulated (targets/htp.py, onnxruntime-qnn in
+.venv-qnn, which `make setup` makes): the trained digits ViT's npu graph finalises on two
+HTP architectures with every node on HTP and matches PyTorch's golden references; a graph
+with per-channel weights (what the target wrote before) is reported with the nodes HTP
+refused."""
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from vit_deploy.cli import main
+from vit_deploy.runtime.manifest import load_manifest
+from vit_deploy.targets import htp
+
+ROOT = Path(__file__).resolve().parents[2]
+QNN_PYTHON = ROOT / ".venv-qnn" / "bin" / "python"
+DIGITS = ROOT / "vit_deploy" / "data" / "digits_vit.safetensors"
+
+
+@pytest.fixture(scope="module")
+def qnn_python() -> Path:
+    if not QNN_PYTHON.is_file():
+        pytest.fail(f"{QNN_PYTHON} is missing: `make test` makes it (make setup: .venv-qnn "
+                    f"with {htp.QNN_PACKAGE})")
+    return QNN_PYTHON
+
+
+def _npu_bundle(out: Path) -> Path:
+    for args in (["export", "--checkpoint", DIGITS, "--out", out],
+                 ["quantize", out, "--precision", "int8-static"],
+                 ["target", out, "--target", "npu", "--buckets", "32", "--calib", "digits"]):
+        r = CliRunner().invoke(main, [str(a) for a in args])
+        assert r.exit_code == 0, r.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def npu_bundle(tmp_path_factory) -> Path:
+    return _npu_bundle(tmp_path_factory.mktemp("htp") / "digits")
+
+
+def test_the_npu_graph_runs_wholly_on_htp_and_matches_pytorch(npu_bundle, qnn_python):
+    results = htp.check_htp(npu_bundle, python=qnn_python, archs={"73": "57", "75": "69"})
+    assert [(r.htp_arch, r.file) for r in results] == [
+        ("73", "targets/npu/32x32.b1.int8-static.onnx"),
+        ("75", "targets/npu/32x32.b1.int8-static.onnx")]
+    for r in results:
+        assert r.finalised and r.error is None and r.cpu_nodes == [] and r.htp_partitions == 1
+        assert r.parity and all(c.passed and c.cosine >= 0.99 for c in r.parity), r.line()
+        assert r.passed and r.line().startswith("PASS") and "every node on HTP" in r.line()
+    record = load_manifest(npu_bundle).targets["npu"].record
+    assert record["weights"].startswith("int8 per tensor")
+
+
+def test_per_channel_weights_are_reported_as_the_nodes_htp_refused(tmp_path, qnn_python,
+                                                                    monkeypatch, capsys):
+    import vit_deploy.targets.build as build
+
+    monkeypatch.setattr(build, "replace", lambda quant, **_: quant)  # per channel, as before
+    bundle = _npu_bundle(tmp_path / "per-channel")
+    [r] = htp.check_htp(bundle, python=qnn_python, archs={"73": "57"})
+    assert not r.finalised and "CPU" in r.error
+    assert r.cpu_nodes and {n["op"] for n in r.cpu_nodes} == {"DequantizeLinear"}
+    assert not r.passed and r.line().startswith("FAIL")
+    assert htp.main([str(bundle), "--python", str(qnn_python), "--arch", "73"]) == 1
+    assert "node(s) on the CPU: ['DequantizeLinear']" in capsys.readouterr().out
+
+
+def test_bad_input_is_one_line_and_exit_2(npu_bundle, tmp_path, capsys, qnn_python):
+    with pytest.raises(SystemExit) as e:
+        htp.main([str(npu_bundle), "--arch", "71"])
+    assert e.value.code == 2 and "--arch: expected HTP architectures" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        htp.main([str(npu_bundle), "--python", str(tmp_path / "nope")])
+    assert e.value.code == 2 and "is not a file" in capsys.readouterr().err
+    plain = tmp_path / "plain"
+    assert CliRunner().invoke(main, ["export", "--model", "tiny", "--out", str(plain)]).exit_code == 0
+    assert htp.main([str(plain), "--python", str(qnn_python)]) == 2
+    assert "has no npu target" in capsys.readouterr().err

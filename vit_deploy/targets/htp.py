@@ -1,0 +1,153 @@
+"""The NPU target on the NPU's own backend: a bundle's `npu` graphs run on Qualcomm's HTP
+(through `onnxruntime-qnn`, whose HTP library emulates the NPU on x86), judged like every
+graph: whether each finalises with every node on HTP, which nodes fell back to the CPU
+where not, and the outputs against the bundle's golden references (PyTorch's) for that
+bucket, by the int8 tolerance policy.
+
+`onnxruntime-qnn` depends on `onnxruntime`, which would replace onnxruntime-gpu in the
+project's environment: it lives in an environment of its own (`make setup` makes
+.venv-qnn), whose Python runs targets/htp_runner.py. Emulated time is no device figure.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vit_deploy.parity import ParityCase, judge
+from vit_deploy.runtime.manifest import load_manifest
+from vit_deploy.runtime.references import iter_references
+
+# The HTP architectures tested (htp_arch, and the soc_model QNN is told with it, as the QNN
+# SDK numbers them): docs/edge-targets.md
+HTP_ARCHS: dict[str, str] = {"73": "57", "75": "69", "79": "87"}
+RUNNER = Path(__file__).with_name("htp_runner.py")
+QNN_PACKAGE = "onnxruntime-qnn==2.7.0"
+
+
+@dataclass
+class HTPGraph:
+    """One npu graph on one HTP architecture."""
+
+    file: str
+    htp_arch: str
+    soc_model: str
+    finalised: bool  # every node on HTP, CPU fallback disabled
+    error: str | None
+    htp_partitions: int
+    cpu_nodes: list[dict[str, str]]
+    parity: list[ParityCase] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return self.finalised and not self.cpu_nodes and bool(self.parity) and all(
+            c.passed for c in self.parity)
+
+    def line(self) -> str:
+        where = ("every node on HTP" if self.finalised and not self.cpu_nodes else
+                 f"{len(self.cpu_nodes)} node(s) on the CPU: "
+                 f"{sorted({n['op'] for n in self.cpu_nodes})}" if self.cpu_nodes else
+                 f"not finalised: {self.error}")
+        worst = min((c.cosine for c in self.parity), default=float("nan"))
+        verdict = "PASS" if self.passed else "FAIL"
+        return (f"{verdict} {self.file} htp_arch {self.htp_arch} (soc_model {self.soc_model}): "
+                f"{where}; {self.htp_partitions} HTP partition(s); "
+                f"parity vs PyTorch: {sum(c.passed for c in self.parity)}/{len(self.parity)} "
+                f"cases, worst cosine {worst:.6f}")
+
+
+def check_htp(bundle: str | Path, *, python: str | Path,
+              archs: dict[str, str] | None = None) -> list[HTPGraph]:
+    """Each npu graph of `bundle` on each HTP architecture, run by `python` (an environment
+    with onnxruntime-qnn), against the bundle's golden references for its bucket."""
+    bundle = Path(bundle)
+    manifest = load_manifest(bundle)
+    spec = manifest.targets.get("npu")
+    if spec is None:
+        raise ValueError(f"bundle {str(bundle)!r} has no npu target: vit-deploy target BUNDLE "
+                         f"--target npu --buckets ... --calib ... first")
+    if manifest.references is None:
+        raise ValueError(f"bundle {str(bundle)!r} holds no golden references to judge by")
+    cases: dict[tuple[int, int], list[tuple[np.ndarray, dict[str, np.ndarray]]]] = {}
+    for case, x, outputs in iter_references(manifest.resolve(bundle, manifest.references.file),
+                                            manifest.references):
+        if case.target == "npu":
+            cases.setdefault(case.resolution, []).append((x, outputs))
+    archs = archs or HTP_ARCHS
+    with tempfile.TemporaryDirectory(prefix="vit-deploy-htp-") as tmp:
+        graphs = []
+        for g in spec.graphs:
+            if not cases.get(g.resolution):
+                raise ValueError(f"no golden references for the npu bucket {g.resolution}")
+            chunks = {f"{i}.{j}": x[j:j + g.batch] for i, (x, _) in enumerate(cases[g.resolution])
+                      for j in range(0, len(x), g.batch)}
+            npz = Path(tmp) / f"{Path(g.file).stem}.inputs.npz"
+            np.savez(npz, **chunks)
+            graphs.append({"file": str(manifest.resolve(bundle, g.file)), "inputs": str(npz)})
+        request = Path(tmp) / "request.json"
+        request.write_text(json.dumps({"graphs": graphs, "archs": sorted(archs.items())}))
+        done = subprocess.run([str(python), str(RUNNER), str(request), tmp],
+                              capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0:
+            raise RuntimeError(f"the HTP runner failed ({python}): "
+                               f"{(done.stderr or done.stdout).strip()[-800:]}")
+        rows = json.loads((Path(tmp) / "result.json").read_text())["results"]
+        return [_judged(row, spec.graphs, manifest, cases) for row in rows]
+
+
+def _judged(row: dict[str, Any], graphs: Any, manifest: Any,
+            cases: dict[tuple[int, int], list]) -> HTPGraph:
+    graph = next(g for g in graphs if Path(row["file"]).name == Path(g.file).name)
+    result = HTPGraph(file=graph.file, htp_arch=row["htp_arch"], soc_model=row["soc_model"],
+                      finalised=row["finalised"], error=row["error"],
+                      htp_partitions=row["htp_partitions"], cpu_nodes=row["cpu_nodes"])
+    if "outputs" not in row:
+        return result
+    with np.load(row["outputs"]) as f:
+        got = {k: f[k] for k in f.files}
+    for i, (x, refs) in enumerate(cases[graph.resolution]):
+        for name, ref in refs.items():
+            out = np.concatenate([got[f"{i}.{j}/{name}"] for j in range(0, len(x), graph.batch)])
+            result.parity.append(judge(ref, out, resolution=graph.resolution,
+                                       provider=f"qnn-htp {row['htp_arch']}",
+                                       precision=graph.precision, output=name))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m vit_deploy.targets.htp BUNDLE [--python .venv-qnn/bin/python] [--arch 73,75]"""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m vit_deploy.targets.htp", description=main.__doc__)
+    p.add_argument("bundle")
+    p.add_argument("--python", default=".venv-qnn/bin/python",
+                   help=f"a Python with {QNN_PACKAGE} (make setup makes .venv-qnn)")
+    p.add_argument("--arch", default=",".join(HTP_ARCHS),
+                   help=f"HTP architectures, of {sorted(HTP_ARCHS)}")
+    args = p.parse_args(argv)
+    unknown = [a for a in args.arch.split(",") if a not in HTP_ARCHS]
+    if unknown:
+        p.error(f"--arch: expected HTP architectures of {sorted(HTP_ARCHS)}, got {unknown}")
+    if not Path(args.python).is_file():
+        p.error(f"--python: {args.python!r} is not a file; make setup makes .venv-qnn with "
+                f"{QNN_PACKAGE}")
+    try:
+        results = check_htp(args.bundle, python=args.python,
+                            archs={a: HTP_ARCHS[a] for a in args.arch.split(",")})
+    except (ValueError, RuntimeError, OSError) as e:
+        print(f"Error: {e}", file=sys.stderr)
+        return 2
+    for r in results:
+        print(r.line())
+    return 0 if all(r.passed for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,114 @@
+"""Runs NPU graphs on Qualcomm's HTP backend, alone: the file `targets/htp.py` hands to the
+Python of an environment that has `onnxruntime-qnn` (never the project's own: its
+`onnxruntime` would replace onnxruntime-gpu there). It imports only numpy and onnxruntime.
+
+    python htp_runner.py REQUEST.json OUT_DIR
+
+REQUEST: {"graphs": [{"file", "inputs": NPZ (one array per case, the graph's batch)}],
+"archs": [[htp_arch, soc_model], ...]}. For each graph and architecture it writes
+OUT_DIR/result.json: whether the graph finalises with every node on HTP (ONNX Runtime's CPU
+fallback disabled: a node HTP refuses fails the session), else the error and, from a
+session that allows the fallback, the nodes that ran on the CPU; the outputs of each case
+(OUT_DIR/<graph>-<arch>.npz) from the session that ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+if os.environ.get("VIT_DEPLOY_ORT_TELEMETRY") != "1":  # nothing sent, as vit_deploy/__init__.py
+    os.environ["ORT_DISABLE_TELEMETRY"] = "1"
+import onnxruntime as ort  # noqa: E402
+
+CPU_EP, QNN_EP = "CPUExecutionProvider", "QNNExecutionProvider"
+
+
+def _qnn_devices() -> list:
+    import onnxruntime_qnn
+
+    library = Path(onnxruntime_qnn.__file__).parent / "libonnxruntime_providers_qnn.so"
+    ort.register_execution_provider_library(QNN_EP, str(library))
+    return [d for d in ort.get_ep_devices() if d.ep_name == QNN_EP]
+
+
+def _session(path: str, devices: list, arch: str, soc: str, *, fallback: bool,
+             profile: str | None = None) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    # offload_graph_io_quantization 0: the graph's input Q and output DQ run on HTP too
+    # (QNN's default hands them to the CPU provider)
+    so.add_provider_for_devices(devices[:1], {"backend_type": "htp", "htp_arch": arch,
+                                              "soc_model": soc,
+                                              "offload_graph_io_quantization": "0"})
+    so.add_session_config_entry("session.disable_cpu_ep_fallback", "0" if fallback else "1")
+    if profile:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile
+    return ort.InferenceSession(path, sess_options=so)
+
+
+def _placement(session: ort.InferenceSession) -> tuple[int, list[dict[str, str]]]:
+    """(HTP partitions, the nodes that ran on the CPU) from ONNX Runtime's profile."""
+    events = json.loads(Path(session.end_profiling()).read_text())
+    nodes = [e for e in events if e.get("cat") == "Node" and "provider" in e.get("args", {})]
+    qnn = {e["name"] for e in nodes if e["args"]["provider"] == QNN_EP}
+    cpu = {(e["args"].get("op_name", "?"), e["name"].removesuffix("_kernel_time"))
+           for e in nodes if e["args"]["provider"] != QNN_EP}
+    return len(qnn), [{"op": op, "node": name} for op, name in sorted(cpu)]
+
+
+def run(request: dict, out: Path) -> list[dict]:
+    devices = _qnn_devices()
+    if not devices:
+        raise SystemExit("onnxruntime-qnn registered no QNN device")
+    results = []
+    for graph in request["graphs"]:
+        with np.load(graph["inputs"]) as f:
+            inputs = {k: f[k] for k in f.files}
+        for arch, soc in request["archs"]:
+            row: dict = {"file": graph["file"], "htp_arch": arch, "soc_model": soc}
+            start = time.perf_counter()
+            try:
+                session = _session(graph["file"], devices, arch, soc, fallback=False)
+                row.update(finalised=True, error=None)
+            except Exception as e:  # QNN's refusal: finalisation failed, or a node to the CPU
+                row.update(finalised=False, error=" ".join(str(e).split())[:600])
+                session = None
+            with tempfile.TemporaryDirectory() as tmp:
+                try:  # the placement (and outputs where HTP refused a node): fallback allowed
+                    profiled = _session(graph["file"], devices, arch, soc, fallback=True,
+                                        profile=os.path.join(tmp, "profile"))
+                    name = profiled.get_inputs()[0].name
+                    first = next(iter(inputs.values()))
+                    profiled.run(None, {name: first})
+                    row["htp_partitions"], row["cpu_nodes"] = _placement(profiled)
+                except Exception as e:
+                    profiled, row["htp_partitions"], row["cpu_nodes"] = None, 0, []
+                    row["error"] = row["error"] or " ".join(str(e).split())[:600]
+            ran = session or profiled
+            if ran is not None:
+                name = ran.get_inputs()[0].name
+                outs = {k: ran.run(None, {name: x}) for k, x in inputs.items()}
+                names = [o.name for o in ran.get_outputs()]
+                path = out / f"{Path(graph['file']).stem}-{arch}.npz"
+                np.savez(path, **{f"{k}/{n}": v for k, vs in outs.items()
+                                  for n, v in zip(names, vs)})
+                row["outputs"] = str(path)
+                row["providers"] = ran.get_providers()
+            row["seconds"] = round(time.perf_counter() - start, 2)
+            results.append(row)
+    return results
+
+
+if __name__ == "__main__":
+    request_file, out_dir = Path(sys.argv[1]), Path(sys.argv[2])
+    rows = run(json.loads(request_file.read_text()), out_dir)
+    (out_dir / "result.json").write_text(json.dumps({"onnxruntime": ort.__version__,
+                                                     "results": rows}, indent=1))
