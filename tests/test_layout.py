@@ -266,7 +266,8 @@ def test_no_top_level_module_belongs_to_a_family_without_a_package():
 # The modules of cli/ that are not commands: the group, the shared option types, the
 # quantisation flags' one function. A command imports these, never another command.
 CLI_KIT = {"vit_deploy.cli", "vit_deploy.cli.__main__", "vit_deploy.cli.group",
-           "vit_deploy.cli.options", "vit_deploy.cli.quant_flags"}
+           "vit_deploy.cli.options", "vit_deploy.cli.params", "vit_deploy.cli.vocabulary",
+           "vit_deploy.cli.quant_flags"}
 
 
 def test_nothing_imports_the_cli_and_no_command_imports_another():

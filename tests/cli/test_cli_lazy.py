@@ -63,9 +63,10 @@ def test_predict_imports_neither_torch_nor_the_server_nor_other_commands(quantis
     assert report["code"] == 0, out
     assert json.loads(out)["providers"][0] == "cpu"
     assert heavy(report["modules"]) == []
-    # only the command that ran was imported (plus the shared options and the group)
+    # only the command that ran was imported (plus the shared options, parameter types
+    # and the group; the vocabulary only where an option is unknown)
     commands = {m.split(".")[2] for m in report["modules"] if m.startswith("vit_deploy.cli.")}
-    assert commands == {"predict", "options", "group"}
+    assert commands == {"predict", "options", "params", "group"}
 
 
 @pytest.mark.parametrize("args", [["serve", "--help"], ["bench", "--help"], ["info", "{b}"]],

@@ -19,7 +19,8 @@ from click.testing import CliRunner
 from PIL import Image
 
 from vit_deploy.cli import main
-from vit_deploy.cli import options as cli_options
+from vit_deploy.cli import params as cli_params
+from vit_deploy.cli import vocabulary as cli_vocabulary
 from vit_deploy.runtime.contract import PRECISIONS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,7 +127,7 @@ def test_shared_options_have_one_shape_everywhere():
             if first == "--precision":
                 known = (isinstance(option.type, click.Choice)
                          and tuple(option.type.choices) == PRECISIONS) or isinstance(
-                    option.type, cli_options.PrecisionList)
+                    option.type, cli_params.PrecisionList)
                 if not known:
                     problems.append(f"{name} --precision: not checked against {PRECISIONS}")
     assert not problems, "\n".join(problems)
@@ -135,15 +136,15 @@ def test_shared_options_have_one_shape_everywhere():
 def test_the_suggestion_table_names_only_our_spellings():
     ours = {o for _, command, ctx in _commands() for option in _options(command, ctx)
             for o in _names(option)}
-    for other, spelling in cli_options.SYNONYMS.items():
+    for other, spelling in cli_vocabulary.SYNONYMS.items():
         assert spelling in ours, (other, spelling)
         assert other not in ours or other in OLD, f"{other} is an option: not a synonym"
     for concept, (spelling, others) in CONCEPTS.items():
-        for other in others & set(cli_options.SYNONYMS):
-            assert cli_options.SYNONYMS[other] == spelling, (concept, other)
-    assert set(cli_options.VOCABULARY.values()) <= ours
+        for other in others & set(cli_vocabulary.SYNONYMS):
+            assert cli_vocabulary.SYNONYMS[other] == spelling, (concept, other)
+    assert set(cli_vocabulary.VOCABULARY.values()) <= ours
     assert {spelling for spelling, _ in CONCEPTS.values()} == set(
-        cli_options.VOCABULARY.values()), "this table and options.VOCABULARY disagree"
+        cli_vocabulary.VOCABULARY.values()), "this table and vocabulary.VOCABULARY disagree"
 
 
 @pytest.mark.parametrize("command,typed,ours", [
@@ -201,7 +202,7 @@ def test_every_commands_help_ends_with_a_runnable_example(name, monkeypatch):
     command = main.get_command(ctx, name)
     words = _example(command).split()
     assert words[:2] == ["vit-deploy", name], words
-    monkeypatch.setattr(cli_options, "unreadable", lambda path: None)
+    monkeypatch.setattr(cli_params, "unreadable", lambda path: None)
     sub = command.make_context(name, words[2:], parent=ctx)  # raises on anything wrong
     assert sub.params
     text = command.get_help(click.Context(command, info_name=name, parent=ctx))
@@ -251,7 +252,7 @@ def test_an_unreadable_input_exits_2_with_one_line(name, tmp_path, monkeypatch):
     bundle = tmp_path / "b"
     bundle.mkdir()
     args = _args_with_missing_input(name, tmp_path, bundle)
-    monkeypatch.setattr(cli_options.os, "access", lambda *a, **k: False)
+    monkeypatch.setattr(cli_params.os, "access", lambda *a, **k: False)
     r = run(name, *args)
     assert r.exit_code == 2, r.output
     lines = r.output.strip().splitlines()
@@ -372,7 +373,7 @@ def _section(text: str, heading: str) -> str:
 def test_the_docs_show_the_vocabulary_once_and_every_option_of_every_command():
     text = (ROOT / "docs" / "command-line.md").read_text()
     table = _section(text, "One vocabulary")
-    for concept, spelling in cli_options.VOCABULARY.items():
+    for concept, spelling in cli_vocabulary.VOCABULARY.items():
         assert re.search(rf"^\| {re.escape(concept)} \| `{re.escape(spelling)}[ `]", table,
                          re.M), f"the vocabulary table has no row for {concept} ({spelling})"
     assert text.count("## One vocabulary") == 1

@@ -1,6 +1,6 @@
 """vit-deploy command line: one module per command (export.py, bench.py, ...), loaded when
-it runs; option groups shared by several commands in options.py; errors mapped to exit
-codes in group.py. A command parses its options, calls one library function and prints
+it runs; option groups shared by several commands in options.py, parameter types in
+params.py, the vocabulary in vocabulary.py; errors mapped to exit codes in group.py. A command parses its options, calls one library function and prints
 what it returns (reports render themselves, rich's `__rich__`)."""
 
 from __future__ import annotations

@@ -8,11 +8,8 @@ from typing import Any
 
 import click
 
-from vit_deploy.cli.options import (MAX_THREADS, InputPath, PrecisionList, batches_option,
-                                    console, count, csv_list, emit_json, json_file,
-                                    json_option, json_to_stdout, output_file, provider_option,
-                                    providers_list, quiet_option, refuse_clobber,
-                                    resolutions_option)
+from vit_deploy.cli.options import MAX_THREADS, batches_option, console, emit_json, json_file, json_option, json_to_stdout, output_file, provider_option, quiet_option, refuse_clobber, resolutions_option
+from vit_deploy.cli.params import InputPath, PrecisionList, count, csv_list, providers_list
 from vit_deploy.runtime.contract import TARGETS
 
 SPINNING = {"auto": None, "on": True, "off": False}

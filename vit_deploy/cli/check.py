@@ -8,10 +8,8 @@ from pathlib import Path
 import click
 
 from vit_deploy.cli.group import fail
-from vit_deploy.cli.options import (InputPath, PrecisionList, batches_option, console,
-                                    emit_json, json_file, json_option, json_to_stdout,
-                                    output_file, provider_option, providers_list, quiet_option,
-                                    refuse_clobber, resolutions_option)
+from vit_deploy.cli.options import batches_option, console, emit_json, json_file, json_option, json_to_stdout, output_file, provider_option, quiet_option, refuse_clobber, resolutions_option
+from vit_deploy.cli.params import InputPath, PrecisionList, providers_list
 
 
 @click.command()

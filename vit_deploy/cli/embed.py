@@ -7,9 +7,8 @@ from pathlib import Path
 
 import click
 
-from vit_deploy.cli.options import (MAX_BATCH, InputPath, console, force_option,
-                                    precision_option, provider_option, quiet_option,
-                                    refuse_clobber)
+from vit_deploy.cli.options import console, force_option, precision_option, provider_option, quiet_option, refuse_clobber
+from vit_deploy.cli.params import MAX_BATCH, InputPath
 from vit_deploy.ray import SHARD_SIZE
 
 

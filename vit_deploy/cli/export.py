@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from vit_deploy.cli.options import (MAX_PATCH, MAX_SEED, RESOLUTION, PrecisionList, console,
-                                    force_option, quant_options, quiet_option)
+from vit_deploy.cli.options import console, force_option, quant_options, quiet_option
+from vit_deploy.cli.params import MAX_PATCH, MAX_SEED, RESOLUTION, PrecisionList
 from vit_deploy.cli.quant_flags import add_precisions, refuse_for_naflex
 from vit_deploy.runtime.config import POOLS, POS_EMBED_KINDS, VARIANTS
 from vit_deploy.runtime.contract import OPSET

@@ -29,7 +29,7 @@ class Main(click.Group):
     Built-in errors keep their meaning: OSError and MemoryError exit 1 (disk full, ...);
     ValueError, OverflowError and ImportError exit 2; ONNX Runtime's own errors exit 1.
     A path named on the command line that does not exist or cannot be read is refused as
-    it is parsed (options.InputPath: exit 2, one line); an unknown option that is another
+    it is parsed (params.InputPath: exit 2, one line); an unknown option that is another
     tool's word for one of ours is answered with ours (suggest_our_spelling)."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -88,10 +88,10 @@ class Main(click.Group):
 
 def suggest_our_spelling(e: click.NoSuchOption) -> None:
     """An unknown option that is another tool's word for one of ours (--resolution, --size,
-    --providers, --output, ...: options.SYNONYMS) is answered with our spelling where the
+    --providers, --output, ...: vocabulary.SYNONYMS) is answered with our spelling where the
     command has it, not click's nearest string ("--resolution": "Did you mean
     '--precision'?")."""
-    from vit_deploy.cli.options import SYNONYMS
+    from vit_deploy.cli.vocabulary import SYNONYMS
 
     name, _, _ = e.option_name.partition("=")
     ours = SYNONYMS.get(name)

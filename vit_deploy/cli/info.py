@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from vit_deploy.cli.options import (InputPath, console, emit_json, json_option, json_to_stdout,
-                                    quiet_option, refuse_clobber)
+from vit_deploy.cli.options import console, emit_json, json_option, json_to_stdout, quiet_option, refuse_clobber
+from vit_deploy.cli.params import InputPath
 
 
 @click.command()

@@ -6,10 +6,8 @@ from pathlib import Path
 
 import click
 
-from vit_deploy.cli.options import (MAX_PATCH, RESOLUTION, InputPath, console, emit_json,
-                                    floats, force_option, json_option, json_to_stdout,
-                                    precision_option, provider_option, quiet_option,
-                                    refuse_clobber, threads_option)
+from vit_deploy.cli.options import console, emit_json, force_option, json_option, json_to_stdout, precision_option, provider_option, quiet_option, refuse_clobber, threads_option
+from vit_deploy.cli.params import MAX_PATCH, RESOLUTION, InputPath, floats
 from vit_deploy.runtime.contract import TARGETS
 
 

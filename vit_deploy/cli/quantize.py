@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from vit_deploy.cli.options import (InputPath, PrecisionList, force_option, quant_options,
-                                    quiet_option)
+from vit_deploy.cli.options import force_option, quant_options, quiet_option
+from vit_deploy.cli.params import InputPath, PrecisionList
 from vit_deploy.cli.quant_flags import add_precisions
 
 QUIET = "nothing is printed on success; a failure is one line on stderr (exit 1)"

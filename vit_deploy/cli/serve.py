@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from vit_deploy.cli.options import (MAX_BATCH, InputPath, console, precision_option,
-                                    provider_option, quiet_option, refuse_clobber)
+from vit_deploy.cli.options import console, precision_option, provider_option, quiet_option, refuse_clobber
+from vit_deploy.cli.params import MAX_BATCH, InputPath
 
 RAY_EXTRA = "pip install 'vit-deploy[ray]'"
 

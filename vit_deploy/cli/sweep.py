@@ -7,9 +7,8 @@ from pathlib import Path
 
 import click
 
-from vit_deploy.cli.options import (MAX_PATCH, RESOLUTION, InputPath, PrecisionList, console,
-                                    emit_json, json_file, json_option, json_to_stdout,
-                                    output_file, quiet_option, refuse_clobber, threads_option)
+from vit_deploy.cli.options import console, emit_json, json_file, json_option, json_to_stdout, output_file, quiet_option, refuse_clobber, threads_option
+from vit_deploy.cli.params import MAX_PATCH, RESOLUTION, InputPath, PrecisionList
 
 
 @click.command()

@@ -8,7 +8,8 @@ from pathlib import Path
 import click
 
 from vit_deploy.cli.group import fail
-from vit_deploy.cli.options import InputPath, console, quiet_option
+from vit_deploy.cli.options import console, quiet_option
+from vit_deploy.cli.params import InputPath
 from vit_deploy.runtime.contract import TARGETS
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from vit_deploy.cli.options import (FORCE_INTO_OUT, MAX_BATCH, InputPath, console,
-                                    force_option, precision_option, quiet_option)
+from vit_deploy.cli.options import FORCE_INTO_OUT, console, force_option, precision_option, quiet_option
+from vit_deploy.cli.params import MAX_BATCH, InputPath
 
 
 @click.command()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from vit_deploy.cli.options import (FORCE_INTO_OUT, MAX_THREADS, InputPath, PrecisionList,
-                                    console, force_option, quiet_option)
+from vit_deploy.cli.options import FORCE_INTO_OUT, MAX_THREADS, console, force_option, quiet_option
+from vit_deploy.cli.params import InputPath, PrecisionList
 
 
 @click.command()
