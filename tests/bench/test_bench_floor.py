@@ -62,6 +62,22 @@ def test_bad_requests_are_refused():
         measure_peak("fp32", threads=0)
 
 
+@pytest.mark.parametrize("kind", ["fp32", "bf16", "int8"])
+def test_openvino_measures_its_peak_and_names_the_kernel_that_ran(kind):
+    from vit_deploy.bench.floor import measure_openvino_peak
+
+    peak = measure_openvino_peak(kind, threads=1, shape=(64, 128, 256), min_seconds=0.01)
+    assert peak.engine == "openvino" and peak.kind == kind and peak.gflops > 0
+    # what this CPU ran, e.g. 'u8 brgemm_avx512_amx_I8' on AMX, 'f32 gemm_mlas_f32'
+    precision, implementation = peak.kernel.split(" ", 1)
+    assert implementation and precision == {"fp32": "f32", "int8": "u8"}.get(kind, precision)
+    if kind == "bf16":  # bf16 where the CPU has it (AMX, AVX-512 BF16), else f32
+        assert precision in ("bf16", "f32"), peak.kernel
+    assert peak.to_dict()["kernel"] == peak.kernel
+    with pytest.raises(ValueError, match="OpenVINO peak kind: expected one of"):
+        measure_openvino_peak("int4", threads=1)
+
+
 def test_the_peak_has_the_models_mlp_shape():
     assert peak_shape(variant("B", patch_size=16), (448, 448)) == (785, 768, 3072)
     assert peak_shape(None, None) == (197, 768, 3072)
@@ -75,12 +91,16 @@ def test_bench_floor_reports_each_cpu_case_against_the_peaks_it_measured(quantis
     report = run_bench(quantised_bundle, BenchOptions(precisions=("fp32", "int8"), runs=3,
                                                       warmup=1, threads=(1,), floor=True))
     peaks = report.environment["gemm_peaks"]["1"]
-    assert set(peaks) == {"fp32", "int8"} and all(p["gflops"] > 0 for p in peaks.values())
+    # ONNX Runtime's and OpenVINO's (the test extra installs it): the floor takes the better
+    assert set(peaks) == {"fp32", "int8", "openvino-fp32", "openvino-bf16", "openvino-int8"}
+    assert all(p["gflops"] > 0 for p in peaks.values())
+    assert {p["engine"] for p in peaks.values()} == {"onnxruntime", "openvino"}
+    best = {k: max(peaks[k]["gflops"], peaks[f"openvino-{k}"]["gflops"]) for k in ("fp32", "int8")}
     cfg = load_manifest(quantised_bundle).config
     for case in report.cases:
         work = model_work(cfg, case.resolution)
-        weight = peaks["int8" if case.precision == "int8" else "fp32"]["gflops"]
-        expected = (work.weights_gflop / weight + work.attention_gflop / peaks["fp32"]["gflops"])
+        weight = best["int8" if case.precision == "int8" else "fp32"]
+        expected = (work.weights_gflop / weight + work.attention_gflop / best["fp32"])
         assert case.floor_ms == pytest.approx(expected * 1e3, rel=0.01)  # peaks are rounded
         assert case.of_floor() == pytest.approx(case.floor_ms / case.stats()["p50_ms"])
     saved = BenchReport.from_json(report.to_json())

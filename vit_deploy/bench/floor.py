@@ -28,11 +28,13 @@ PEAK_MIN_RUNS = 5
 class GemmPeak:
     """One kind of matrix product at its best on this machine: (m, k) x (k, n)."""
 
-    kind: str  # fp32 | int8
+    kind: str  # fp32 | int8 | bf16 (OpenVINO only)
     shape: tuple[int, int, int]
     threads: int
     best_ms: float
     runs: int
+    engine: str = "onnxruntime"  # onnxruntime | openvino (oneDNN / MLAS inside it)
+    kernel: str | None = None  # what ran, where the engine says (OpenVINO: u8 brgemm_avx512_amx_I8)
 
     @property
     def gflops(self) -> float:
@@ -43,7 +45,8 @@ class GemmPeak:
     def to_dict(self) -> dict:
         return {"kind": self.kind, "shape": list(self.shape), "threads": self.threads,
                 "best_ms": round(self.best_ms, 4), "runs": self.runs,
-                "gflops": round(self.gflops, 1)}
+                "gflops": round(self.gflops, 1), "engine": self.engine,
+                **({"kernel": self.kernel} if self.kernel else {})}
 
 
 @dataclass(frozen=True)
@@ -83,13 +86,20 @@ def model_work(cfg: ViTConfig, resolution: tuple[int, int]) -> ModelWork:
     return ModelWork(2 * weights / 1e9, 2 * attention / 1e9)
 
 
+def best_peak(peaks: dict[str, GemmPeak], kind: str) -> GemmPeak:
+    """The faster of the engines' peaks of `kind` (ORT's "int8", OpenVINO's "openvino-int8")."""
+    return max((p for name, p in peaks.items() if name in (kind, f"openvino-{kind}")),
+               key=lambda p: p.gflops)
+
+
 def floor_ms(work: ModelWork, precision: str, peaks: dict[str, GemmPeak], batch: int = 1) -> float:
     """The least time for `batch` images at `precision` on this machine: weight products at
     the int8 peak for an int8 precision, the fp32 peak otherwise (fp16 and int4 graphs compute
-    in fp32 on the CPU provider); attention at the fp32 peak."""
+    in fp32 on the CPU provider); attention at the fp32 peak. Each peak is the better of the
+    engines measured (ONNX Runtime's; OpenVINO's where it is installed)."""
     weight_kind = "int8" if precision in INT8_PRECISIONS else "fp32"
-    seconds = (work.weights_gflop / peaks[weight_kind].gflops
-               + work.attention_gflop / peaks["fp32"].gflops)
+    seconds = (work.weights_gflop / best_peak(peaks, weight_kind).gflops
+               + work.attention_gflop / best_peak(peaks, "fp32").gflops)
     return batch * seconds * 1e3
 
 
@@ -161,3 +171,63 @@ def measure_peaks(*, threads: int, shape: tuple[int, int, int] = (197, 768, 3072
     """Both peaks, fp32 and int8, for one shape and thread count."""
     return {kind: measure_peak(kind, threads=threads, shape=shape, min_seconds=min_seconds)
             for kind in PEAK_KINDS}
+
+
+OPENVINO_PEAK_KINDS = ("fp32", "bf16", "int8")
+
+
+def measure_openvino_peak(kind: str, *, threads: int, shape: tuple[int, int, int] = (197, 768, 3072),
+                          min_seconds: float = PEAK_MIN_SECONDS) -> GemmPeak:
+    """The same product through OpenVINO's CPU plugin, an engine that reaches the CPU's tile
+    and VNNI units through oneDNN: fp32, bf16 (its inference precision; f32 where the CPU
+    has no bf16) and int8 (fake-quantised activations and weights, which OpenVINO runs as
+    an int8 FullyConnected, its activation quantisation included). `kernel` is the
+    precision and implementation OpenVINO's execution graph names for the product
+    ('u8 brgemm_avx512_amx_I8', 'f32 gemm_mlas_f32')."""
+    from vit_deploy.runtime.providers import import_openvino_quietly
+
+    if kind not in OPENVINO_PEAK_KINDS:
+        raise ValueError(f"OpenVINO peak kind: expected one of {', '.join(OPENVINO_PEAK_KINDS)}, "
+                         f"got {kind!r}")
+    if threads < 1:
+        raise ValueError(f"threads: expected an integer >= 1, got {threads}")
+    ov = import_openvino_quietly()
+    ops = ov.opset13
+    m, k, n = shape
+    rng = np.random.default_rng(0)
+    a = param = ops.parameter([m, k], np.float32, name="A")
+    w = ops.constant(rng.standard_normal((k, n), dtype=np.float32))
+    if kind == "int8":  # u8 activations x s8 weights, as our QDQ graphs quantise them
+        c = lambda v: ops.constant(np.array(v, np.float32))  # noqa: E731
+        a = ops.fake_quantize(a, c(0.0), c(2.55), c(0.0), c(2.55), 256)
+        w = ops.fake_quantize(w, c(-1.27), c(1.27), c(-1.27), c(1.27), 255)
+    model = ov.Model([ops.matmul(a, w, False, False)], [param])
+    config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads,
+              "INFERENCE_PRECISION_HINT": "bf16" if kind == "bf16" else "f32"}
+    compiled = ov.Core().compile_model(model, "CPU", config)
+    request = compiled.create_infer_request()
+    x = np.abs(rng.standard_normal((m, k), dtype=np.float32))
+    for _ in range(2):
+        request.infer([x])
+    times, start = [], time.perf_counter()
+    while len(times) < PEAK_MIN_RUNS or time.perf_counter() - start < min_seconds:
+        t0 = time.perf_counter()
+        request.infer([x])
+        times.append((time.perf_counter() - t0) * 1e3)
+    kernels = [f"{info['runtimePrecision'].astype(str)} {info['primitiveType'].astype(str)}"
+               for info in (op.get_rt_info() for op in compiled.get_runtime_model().get_ordered_ops())
+               if "layerType" in info and info["layerType"].astype(str) == "FullyConnected"]
+    return GemmPeak(kind, shape, threads, min(times), len(times), engine="openvino",
+                    kernel=",".join(kernels) or None)
+
+
+def measure_openvino_peaks(*, threads: int, shape: tuple[int, int, int] = (197, 768, 3072),
+                           min_seconds: float = PEAK_MIN_SECONDS) -> dict[str, GemmPeak]:
+    """OpenVINO's three peaks as {"openvino-fp32": ..., ...}; {} where it is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("openvino") is None:
+        return {}
+    return {f"openvino-{kind}": measure_openvino_peak(kind, threads=threads, shape=shape,
+                                                      min_seconds=min_seconds)
+            for kind in OPENVINO_PEAK_KINDS}

@@ -297,10 +297,16 @@ def status_notes(report: BenchReport) -> list[str]:
 def _peaks_text(env: dict[str, Any]) -> str:
     """bench --floor: the GEMM peaks the floors come from, per thread count."""
     peaks = env.get("gemm_peaks") or {}
-    parts = [f"{threads} thread(s): fp32 {p['fp32']['gflops']:.0f} GFLOP/s, int8 "
-             f"{p['int8']['gflops']:.0f} GOP/s ({'x'.join(map(str, p['fp32']['shape']))})"
-             for threads, p in peaks.items()]
-    return f"; GEMM peaks through ORT at {'; '.join(parts)}" if parts else ""
+    parts = []
+    for threads, p in peaks.items():
+        text = (f"{threads} thread(s): ORT fp32 {p['fp32']['gflops']:.0f} GFLOP/s, int8 "
+                f"{p['int8']['gflops']:.0f} GOP/s")
+        if "openvino-int8" in p:
+            text += ", OpenVINO " + ", ".join(
+                f"{kind} {p[f'openvino-{kind}']['gflops']:.0f} ({p[f'openvino-{kind}'].get('kernel', '?')})"
+                for kind in ("fp32", "bf16", "int8") if f"openvino-{kind}" in p)
+        parts.append(f"{text} ({'x'.join(map(str, p['fp32']['shape']))})")
+    return f"; GEMM peaks (the floor: the better engine's) at {'; '.join(parts)}" if parts else ""
 
 
 def _probe_text(env: dict[str, Any]) -> str:

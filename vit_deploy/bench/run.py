@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from vit_deploy.bench.floor import floor_ms, measure_peaks, model_work, peak_shape
+from vit_deploy.bench.floor import (floor_ms, measure_openvino_peaks, measure_peaks, model_work,
+                                    peak_shape)
 from vit_deploy.reports.machine import environment, gpu_memory_mb, rss_mb, thread_scaling
 from vit_deploy.bench.report import BenchReport, CaseResult
 from vit_deploy.runtime.manifest import load_manifest
@@ -160,10 +161,14 @@ FLOOR_PROVIDERS = frozenset({"cpu", "openvino", TORCH})
 
 
 def _gemm_peaks(cfg, resolution, threads: tuple[int | None, ...]) -> dict:
-    """{threads: {"fp32": GemmPeak, "int8": GemmPeak}}: the model's MLP product at the
-    largest size measured, with each thread count the cases use (None: all cores)."""
+    """{threads: {"fp32": GemmPeak, "int8": GemmPeak, "openvino-fp32": ..., "openvino-bf16",
+    "openvino-int8"}}: the model's MLP product at the largest size measured, with each thread
+    count the cases use (None: all cores), through ONNX Runtime and, where it is installed,
+    OpenVINO (an engine on the CPU's tile / VNNI units: the floor is the better of the two)."""
     shape = peak_shape(cfg, resolution)
-    return {t: measure_peaks(threads=t or os.cpu_count() or 1, shape=shape) for t in threads}
+    return {t: measure_peaks(threads=t or os.cpu_count() or 1, shape=shape)
+            | measure_openvino_peaks(threads=t or os.cpu_count() or 1, shape=shape)
+            for t in threads}
 
 
 def _ort_runner(bundle: Path, provider: str, precision: str, x: np.ndarray, hw, batch, threads,
