@@ -58,7 +58,7 @@ def serve(bundle: Path, host: str, port: int, provider: str, precision: str, max
     Example:
       vit-deploy serve vit-B16-224 --port 8000 --provider cuda,cpu --precision int8
     """
-    from vit_deploy.runtime import ViTSession
+    from vit_deploy.runtime import RuntimeOptions, ViTSession
     from vit_deploy.triton import model_name
 
     if not (ray_address or write_config) and (replicas != 1 or cpus_per_replica != 1.0):
@@ -87,7 +87,10 @@ def serve(bundle: Path, host: str, port: int, provider: str, precision: str, max
     except ImportError:
         raise click.UsageError("serve needs FastAPI, uvicorn and prometheus-client: "
                                "pip install 'vit-deploy[serve]'") from None
-    session = ViTSession(bundle, provider=provider, precision=precision)
+    # the batcher forms every batch size up to --max-batch: OpenVINO keeps one dynamic model
+    # rather than one compiled per shape (runtime/ov_session.py)
+    session = ViTSession(bundle, provider=provider, precision=precision,
+                         options=RuntimeOptions(static_shapes=False))
     app = make_app(session, max_batch=max_batch, max_wait_ms=max_wait_ms, top_k=top_k,
                    model_name=name)
     run_server(app, host, port, on_ready=ready)

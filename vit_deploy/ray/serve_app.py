@@ -165,7 +165,8 @@ class ViTReplica:
         threads = max(1, int(self.options.cpus_per_replica))
         self.session = ViTSession(bundle, provider=self.options.provider,
                                   precision=self.options.precision,
-                                  options=RuntimeOptions(threads=threads))
+                                  options=RuntimeOptions(threads=threads,  # batches of
+                                                         static_shapes=False))  # any size
 
     def __serve_build_asgi_app__(self) -> Any:
         return replica_app(self.session, self.options)
