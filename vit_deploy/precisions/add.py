@@ -225,12 +225,7 @@ def _add_precisions(bundle: Path, precisions: Sequence[str], *, options: Precisi
             r = results[-1]
             log("; ".join([f"{precision}: {'pass' if r.passed else 'FAIL'}",
                            *(n.strip() for n in r.notes if n.strip())]))
-        keep = [r for r in results if r.passed or options.force]
-        if keep:
-            log(f"writing {', '.join(r.precision for r in keep)} into {bundle}")
-            _rewrite(bundle, manifest, keep, Path(tmp))
-    return PrecisionsReport(results, manifest.files[manifest.model_file("fp32")].size,
-                            force=options.force)
+        return _write_passing(bundle, manifest, results, Path(tmp), options, log)
 
 
 def _add_naflex(bundle: Path, manifest: Manifest, precisions: Sequence[str],
@@ -243,10 +238,17 @@ def _add_naflex(bundle: Path, manifest: Manifest, precisions: Sequence[str],
                                    size=c.path.stat().st_size)
                    for c in naflex_candidates(bundle, manifest, precisions, Path(tmp),
                                               quant=options.quant, progress=log)]
-        keep = [r for r in results if r.passed or options.force]
-        if keep:
-            log(f"writing {', '.join(r.precision for r in keep)} into {bundle}")
-            _rewrite(bundle, manifest, keep, Path(tmp))
+        return _write_passing(bundle, manifest, results, Path(tmp), options, log)
+
+
+def _write_passing(bundle: Path, manifest: Manifest, results: list[PrecisionResult],
+                   stage: Path, options: PrecisionOptions, log: Progress) -> PrecisionsReport:
+    """The precisions that passed (every one with --force) written into the bundle from
+    the staging folder; the report of all, any input kind (NCHW or NaFlex)."""
+    keep = [r for r in results if r.passed or options.force]
+    if keep:
+        log(f"writing {', '.join(r.precision for r in keep)} into {bundle}")
+        _rewrite(bundle, manifest, keep, stage)
     return PrecisionsReport(results, manifest.files[manifest.model_file("fp32")].size,
                             force=options.force)
 
