@@ -2,7 +2,8 @@
 (through `onnxruntime-qnn`, whose HTP library emulates the NPU on x86), judged like every
 graph: whether each finalises with every node on HTP, which nodes fell back to the CPU
 where not, and the outputs against the bundle's golden references (PyTorch's) for that
-bucket, by the int8 tolerance policy.
+bucket, by the int8 tolerance policy (PyTorch run here, from the bundle's weights, where
+the references' size bound left a bucket out).
 
 `onnxruntime-qnn` depends on `onnxruntime`, which would replace onnxruntime-gpu in the
 project's environment: it lives in an environment of its own (`make setup` makes
@@ -81,11 +82,12 @@ def check_htp(bundle: str | Path, *, python: str | Path,
         if case.target == "npu":
             cases.setdefault(case.resolution, []).append((x, outputs))
     archs = archs or HTP_ARCHS
+    missing = sorted({g.resolution for g in spec.graphs} - set(cases))
+    if missing:  # the references' size bound left these buckets out: PyTorch, here
+        cases |= _torch_cases(bundle, manifest, missing, spec.batch)
     with tempfile.TemporaryDirectory(prefix="vit-deploy-htp-") as tmp:
         graphs = []
         for g in spec.graphs:
-            if not cases.get(g.resolution):
-                raise ValueError(f"no golden references for the npu bucket {g.resolution}")
             chunks = {f"{i}.{j}": x[j:j + g.batch] for i, (x, _) in enumerate(cases[g.resolution])
                       for j in range(0, len(x), g.batch)}
             npz = Path(tmp) / f"{Path(g.file).stem}.inputs.npz"
@@ -100,6 +102,34 @@ def check_htp(bundle: str | Path, *, python: str | Path,
                                f"{(done.stderr or done.stdout).strip()[-800:]}")
         rows = json.loads((Path(tmp) / "result.json").read_text())["results"]
         return [_judged(row, spec.graphs, manifest, cases) for row in rows]
+
+
+def _torch_cases(bundle: Path, manifest: Any, sizes: list[tuple[int, int]], batch: int
+                 ) -> dict[tuple[int, int], list]:
+    """Seeded inputs at each size (two graph batches) and PyTorch's outputs for them, from
+    the bundle's weights, where its golden references hold none for a bucket."""
+    try:
+        from vit_deploy.export.checkpoints import load_model
+        from vit_deploy.export.model import numpy_forward, reference_model
+    except ImportError:
+        raise ValueError("the bundle's references hold no case for a bucket, and PyTorch, "
+                         "which would make one, is not installed: pip install "
+                         "'vit-deploy[export]'") from None
+    from vit_deploy.outputs import OutputSelection
+    from vit_deploy.parity import sample_inputs
+
+    if manifest.weights_file is None:
+        raise ValueError(f"bundle {str(bundle)!r} holds no references for the npu buckets "
+                         f"{sizes} and no PyTorch weights to make them from")
+    model = load_model(manifest.resolve(bundle, manifest.weights_file))
+    forward = numpy_forward(reference_model(model, OutputSelection(
+        names=tuple(manifest.io.output_names), layer_norm=manifest.io.layer_norm)))
+    cases = {}
+    for hw in sizes:
+        x = sample_inputs(hw, 2 * batch, channels=manifest.config.in_chans, seed=5)
+        out = forward(x)
+        cases[hw] = [(x, out if isinstance(out, dict) else {manifest.io.output_names[0]: out})]
+    return cases
 
 
 def _judged(row: dict[str, Any], graphs: Any, manifest: Any,
