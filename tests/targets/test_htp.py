@@ -4,6 +4,8 @@ weights finalises on two HTP architectures with every node on HTP and matches Py
 golden references; with per-channel weights (the target's default) it is reported with the
 nodes HTP refused."""
 
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -89,6 +91,11 @@ def test_bad_input_is_one_line_and_exit_2(npu_bundle, tmp_path, capsys, qnn_pyth
     with pytest.raises(SystemExit) as e:
         htp.main([str(npu_bundle), "--python", str(tmp_path / "nope")])
     assert e.value.code == 2 and "is not a file" in capsys.readouterr().err
+    # a Python without onnxruntime-qnn, and a program that is no Python: one line each
+    assert htp.main([str(npu_bundle), "--python", sys.executable]) == 2
+    assert "onnxruntime-qnn is not installed in" in capsys.readouterr().err
+    assert htp.main([str(npu_bundle), "--python", shutil.which("true")]) == 2
+    assert "it wrote no result" in capsys.readouterr().err
     plain = tmp_path / "plain"
     assert CliRunner().invoke(main, ["export", "--model", "tiny", "--out", str(plain)]).exit_code == 0
     assert htp.main([str(plain), "--python", str(qnn_python)]) == 2

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -156,14 +157,21 @@ def measure_peak(kind: str, *, threads: int, shape: tuple[int, int, int] = (197,
     rng = np.random.default_rng(1)
     a = (rng.standard_normal((m, k), dtype=np.float32) if kind == "fp32"
          else rng.integers(0, 256, (m, k), dtype=np.uint8))
-    for _ in range(2):  # warm-up: first-run allocations, pre-packing
-        session.run(None, {"A": a})
+    best, runs = _best_ms(lambda: session.run(None, {"A": a}), min_seconds)
+    return GemmPeak(kind, shape, threads, best, runs)
+
+
+def _best_ms(run: Any, min_seconds: float) -> tuple[float, int]:
+    """(the best time of `run()` in ms, how many runs): two warm-up runs (first-run
+    allocations, pre-packing), then runs until min_seconds and PEAK_MIN_RUNS are both met."""
+    for _ in range(2):
+        run()
     times, start = [], time.perf_counter()
     while len(times) < PEAK_MIN_RUNS or time.perf_counter() - start < min_seconds:
         t0 = time.perf_counter()
-        session.run(None, {"A": a})
+        run()
         times.append((time.perf_counter() - t0) * 1e3)
-    return GemmPeak(kind, shape, threads, min(times), len(times))
+    return min(times), len(times)
 
 
 def measure_peaks(*, threads: int, shape: tuple[int, int, int] = (197, 768, 3072),
@@ -207,17 +215,11 @@ def measure_openvino_peak(kind: str, *, threads: int, shape: tuple[int, int, int
     compiled = ov.Core().compile_model(model, "CPU", config)
     request = compiled.create_infer_request()
     x = np.abs(rng.standard_normal((m, k), dtype=np.float32))
-    for _ in range(2):
-        request.infer([x])
-    times, start = [], time.perf_counter()
-    while len(times) < PEAK_MIN_RUNS or time.perf_counter() - start < min_seconds:
-        t0 = time.perf_counter()
-        request.infer([x])
-        times.append((time.perf_counter() - t0) * 1e3)
+    best, runs = _best_ms(lambda: request.infer([x]), min_seconds)
     kernels = [f"{info['runtimePrecision'].astype(str)} {info['primitiveType'].astype(str)}"
                for info in (op.get_rt_info() for op in compiled.get_runtime_model().get_ordered_ops())
                if "layerType" in info and info["layerType"].astype(str) == "FullyConnected"]
-    return GemmPeak(kind, shape, threads, min(times), len(times), engine="openvino",
+    return GemmPeak(kind, shape, threads, best, runs, engine="openvino",
                     kernel=",".join(kernels) or None)
 
 

@@ -97,11 +97,14 @@ def check_htp(bundle: str | Path, *, python: str | Path,
         request.write_text(json.dumps({"graphs": graphs, "archs": sorted(archs.items())}))
         done = subprocess.run([str(python), str(RUNNER), str(request), tmp],
                               capture_output=True, text=True, timeout=1800)
-        if done.returncode != 0:
-            raise RuntimeError(f"the HTP runner failed ({python}): "
-                               f"{(done.stderr or done.stdout).strip()[-800:]}")
-        rows = json.loads((Path(tmp) / "result.json").read_text())["results"]
-        return [_judged(row, spec.graphs, manifest, cases) for row in rows]
+        result = Path(tmp) / "result.json"
+        if done.returncode != 0 or not result.is_file():
+            said = (done.stderr or done.stdout).strip().splitlines()
+            raise RuntimeError(f"the HTP runner failed ({python}, exit {done.returncode}): "
+                               + (said[-1][-400:] if said else "it wrote no result: is it a "
+                                  "Python with onnxruntime-qnn?"))
+        rows = json.loads(result.read_text())["results"]
+        return [_judged(row, spec.graphs, cases) for row in rows]
 
 
 def _torch_cases(bundle: Path, manifest: Any, sizes: list[tuple[int, int]], batch: int
@@ -132,8 +135,7 @@ def _torch_cases(bundle: Path, manifest: Any, sizes: list[tuple[int, int]], batc
     return cases
 
 
-def _judged(row: dict[str, Any], graphs: Any, manifest: Any,
-            cases: dict[tuple[int, int], list]) -> HTPGraph:
+def _judged(row: dict[str, Any], graphs: Any, cases: dict[tuple[int, int], list]) -> HTPGraph:
     graph = next(g for g in graphs if Path(row["file"]).name == Path(g.file).name)
     result = HTPGraph(file=graph.file, htp_arch=row["htp_arch"], soc_model=row["soc_model"],
                       finalised=row["finalised"], error=row["error"],

@@ -31,7 +31,11 @@ CPU_EP, QNN_EP = "CPUExecutionProvider", "QNNExecutionProvider"
 
 
 def _qnn_devices() -> list:
-    import onnxruntime_qnn
+    try:
+        import onnxruntime_qnn
+    except ImportError:
+        raise SystemExit(f"onnxruntime-qnn is not installed in {sys.executable} "
+                         f"(make setup makes .venv-qnn with it)") from None
 
     library = Path(onnxruntime_qnn.__file__).parent / "libonnxruntime_providers_qnn.so"
     ort.register_execution_provider_library(QNN_EP, str(library))
