@@ -1,8 +1,8 @@
 """The npu target on Qualcomm's HTP backend, emulated (targets/htp.py, onnxruntime-qnn in
-.venv-qnn, which `make setup` makes): the trained digits ViT's npu graph with per-tensor
-weights finalises on two HTP architectures with every node on HTP and matches PyTorch's
-golden references; with per-channel weights (the target's default) it is reported with the
-nodes HTP refused."""
+.venv-qnn, which `make setup` makes): the trained digits ViT's npu graph (per-channel int8
+weights on 2-D Gemms) finalises on two HTP architectures with every node on HTP and matches
+PyTorch's golden references; per-channel weights on MatMuls are reported with the nodes HTP
+refused."""
 
 import shutil
 import sys
@@ -39,13 +39,8 @@ def _npu_bundle(out: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def npu_bundle(tmp_path_factory) -> Path:
-    """The npu target with per-tensor weights: what HTP runs wholly (not the default: they
-    cost the trained DINOv2-S accuracy on real photographs, targets/build.py)."""
-    import vit_deploy.targets.build as build
-
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(build, "NPU_WEIGHTS_PER_CHANNEL", False)
-        return _npu_bundle(tmp_path_factory.mktemp("htp") / "digits")
+    """The npu target as built: per-channel weights, linear layers as Gemms."""
+    return _npu_bundle(tmp_path_factory.mktemp("htp") / "digits")
 
 
 def test_the_npu_graph_runs_wholly_on_htp_and_matches_pytorch(npu_bundle, qnn_python):
@@ -56,9 +51,12 @@ def test_the_npu_graph_runs_wholly_on_htp_and_matches_pytorch(npu_bundle, qnn_py
     for r in results:
         assert r.finalised and r.error is None and r.cpu_nodes == [] and r.htp_partitions == 1
         assert r.parity and all(c.passed and c.cosine >= 0.99 for c in r.parity), r.line()
+        # and on held-out digits (its calibration's kind) against the fp32 graph
+        assert [(c.output, c.images) for c in r.photos] == [("logits", htp.DIGITS_JUDGED)]
+        assert all(c.passed and c.cosine_min >= 0.99 for c in r.photos), r.photos
         assert r.passed and r.line().startswith("PASS") and "every node on HTP" in r.line()
     record = load_manifest(npu_bundle).targets["npu"].record
-    assert record["weights"].startswith("int8 per tensor")
+    assert "weights" not in record and record["linear_layers"].startswith("Gemm")
 
 
 def test_a_bucket_the_references_left_out_is_judged_against_pytorch_here(npu_bundle,
@@ -72,10 +70,13 @@ def test_a_bucket_the_references_left_out_is_judged_against_pytorch_here(npu_bun
     assert r.passed and len(r.parity) == 1 and r.parity[0].cosine >= 0.99, r.line()
 
 
-def test_per_channel_weights_are_reported_as_the_nodes_htp_refused(tmp_path, qnn_python,
-                                                                    capsys):
-    bundle = _npu_bundle(tmp_path / "per-channel")  # the default
-    assert "weights" not in load_manifest(bundle).targets["npu"].record
+def test_per_channel_matmul_weights_are_reported_as_the_nodes_htp_refused(
+        tmp_path, qnn_python, capsys, monkeypatch):
+    """The linear layers left as MatMuls (what every other target writes)."""
+    import vit_deploy.export.static as static
+
+    monkeypatch.setattr(static, "linears_as_gemm", lambda proto: 0)
+    bundle = _npu_bundle(tmp_path / "matmul")
     [r] = htp.check_htp(bundle, python=qnn_python, archs={"73": "57"})
     assert not r.finalised and "CPU" in r.error
     assert r.cpu_nodes and {n["op"] for n in r.cpu_nodes} == {"DequantizeLinear"}

@@ -17,9 +17,11 @@ bit for bit or within float noise; every file is still checked against PyTorch.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
+import numpy as np
 import onnx
 import torch
 from torch import nn
@@ -145,9 +147,11 @@ def static_model(model: ViT, height: int, width: int) -> StaticViT:
 
 def export_static(model: ViT, dst: str | Path, *, batch: int, resolution: tuple[int, int],
                   outputs: tuple[str, ...] = (LOGITS_NAME,), layer_norm: bool = True,
-                  mobile_ops: bool = False, opset: int = OPSET) -> Path:
+                  mobile_ops: bool = False, linear_as_gemm: bool = False,
+                  opset: int = OPSET) -> Path:
     """Trace `model` at exactly (batch, C, H, W) into `dst` (atomically); `outputs` are the
-    bundle's output names, in its order."""
+    bundle's output names, in its order. `linear_as_gemm`: every linear layer a 2-D Gemm
+    (linears_as_gemm)."""
     cfg = model.cfg
     vit = static_model(model.eval(), *resolution)
     if mobile_ops:  # NNAPI / CoreML take every node (docs/edge-targets.md)
@@ -157,8 +161,73 @@ def export_static(model: ViT, dst: str | Path, *, batch: int, resolution: tuple[
     proto = onnx_export.trace(module, example, output_names=list(outputs), dynamic_shapes=None,
                               opset=opset, what=f"the static graph {batch}x{resolution}")
     finalize(proto, config_json=cfg.to_json())
+    if linear_as_gemm:
+        linears_as_gemm(proto)
     validate_onnx(proto)
     return write_bytes_atomic(dst, proto.SerializeToString())
+
+
+def linears_as_gemm(proto: onnx.ModelProto) -> int:
+    """Rewrite each linear layer's MatMul(x (..., K), W (K, N)) [+ Add(b)] as Reshape to
+    (rows, K), Gemm(W' (N, K), b, transB=1), Reshape back, in place: the same products and
+    sums. Qualcomm's HTP takes per-channel int8 weights on a Gemm (its FullyConnected), not
+    on a MatMul (measured: targets/htp.py, docs/edge-targets.md). The Gemm keeps the
+    MatMul's node name, so the map of linear layers (finalize) still holds. Needs static
+    shapes; returns how many layers were rewritten."""
+    from onnx import helper, numpy_helper
+
+    from vit_deploy.runtime.contract import METADATA_LINEARS_KEY
+
+    meta = {p.key: p.value for p in proto.metadata_props}
+    linear = set(json.loads(meta.get(METADATA_LINEARS_KEY, "{}")).values())
+    graph = proto.graph
+    shapes = {v.name: [d.dim_value if d.HasField("dim_value") else 0
+                       for d in v.type.tensor_type.shape.dim]
+              for v in [*onnx.shape_inference.infer_shapes(proto).graph.value_info, *graph.input]}
+    inits = {i.name: i for i in graph.initializer}
+    users: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            users.setdefault(name, []).append(node)
+    nodes, folded, done = [], set(), 0
+    for node in graph.node:
+        if id(node) in folded:
+            continue
+        x_shape = shapes.get(node.input[0], [])
+        weight = inits.get(node.input[1]) if node.op_type == "MatMul" else None
+        if (node.name not in linear or weight is None or len(weight.dims) != 2
+                or len(x_shape) < 2 or 0 in x_shape):
+            nodes.append(node)
+            continue
+        (k, n), out, bias = weight.dims, node.output[0], []
+        after = users.get(out, [])
+        if len(after) == 1 and after[0].op_type == "Add":
+            other = next(i for i in after[0].input if i != out)
+            if other in inits and list(inits[other].dims) == [n]:
+                out, bias = after[0].output[0], [other]
+                folded.add(id(after[0]))
+        w_t = numpy_helper.from_array(np.ascontiguousarray(numpy_helper.to_array(weight).T),
+                                      f"{weight.name}_nk")
+        shape_2d = numpy_helper.from_array(np.array([-1, k], np.int64), f"{node.name}_rows")
+        shape_back = numpy_helper.from_array(np.array([*x_shape[:-1], n], np.int64),
+                                             f"{node.name}_back")
+        graph.initializer.extend([w_t, shape_2d, shape_back])
+        flat, y = f"{node.name}_in2d", f"{node.name}_out2d"
+        nodes += [helper.make_node("Reshape", [node.input[0], shape_2d.name], [flat],
+                                   name=f"{node.name}_to2d"),
+                  helper.make_node("Gemm", [flat, w_t.name, *bias], [y], name=node.name,
+                                   transB=1),
+                  helper.make_node("Reshape", [y, shape_back.name], [out],
+                                   name=f"{node.name}_back")]
+        done += 1
+    del graph.node[:]
+    graph.node.extend(nodes)
+    used = {name for node in graph.node for name in node.input}
+    kept = [i for i in graph.initializer if i.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    del graph.value_info[:]
+    return done
 
 
 def op_counts(path: str | Path) -> dict[str, int]:

@@ -54,11 +54,16 @@ TARGET_PRECISIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "tensorrt": (("fp32", "fp16"), ()),
 }
 MOBILE_CHECK = ("mobile", "npu")  # targets whose graphs ORT's mobile checker judges
-# The npu graphs' int8 weights per channel, as every int8 file of ours. Qualcomm's HTP takes
-# a MatMul's weights only per tensor (per channel, their DequantizeLinear runs on the CPU:
-# targets/htp.py names them); per tensor every node runs on HTP, but the trained DINOv2-S's
-# worst real photograph fell from cosine 0.998 to 0.971 (docs/edge-targets.md): measured,
-# not kept, until a graph rewrite or 16-bit activations keep both.
+# Targets whose graphs write LayerNorm and GELU in the ops NNAPI and CoreML take (export/
+# static.py). Not npu: HTP takes LayerNormalization and Erf, and runs float ops in fp16, where
+# the decomposed LayerNorm's squares overflow on DINOv2-S's large activations (measured:
+# cosine 0.82 to PyTorch against 0.998 native, docs/edge-targets.md).
+MOBILE_OPS = ("mobile",)
+# The npu graphs' int8 weights per channel, as every int8 file of ours, on linear layers
+# written as 2-D Gemms (export/static.py: linears_as_gemm): Qualcomm's HTP takes per-channel
+# weights on a Gemm, not on a MatMul (their DequantizeLinear ran on the CPU: targets/htp.py
+# names such nodes). Per tensor, every MatMul ran on HTP, but the trained DINOv2-S's worst
+# real photograph fell from cosine 0.998 to 0.971 (docs/edge-targets.md): a measured lever.
 NPU_WEIGHTS_PER_CHANNEL = True
 PARITY_SEED = 7
 MAX_BUCKETS = 16
@@ -127,6 +132,8 @@ def _add_target(bundle: Path, options: TargetOptions, log: Progress) -> TargetRe
     record: dict[str, Any] = {"policy_doc": "nearest aspect ratio (log H/W), then the smallest "
                               "bucket at least the image's area (else the largest); resize to "
                               "cover and centre-crop", "precisions": precisions}
+    if options.calibration:  # what targets/htp.py judges on: held-out images of that kind
+        record["calibrated_on"] = "digits" if options.calibration == "digits" else "images"
     with staging_directory(bundle) as tmp:  # removed by the next opener if killed
         stage = Path(tmp)
         (stage / folder).mkdir(parents=True)
@@ -138,12 +145,15 @@ def _add_target(bundle: Path, options: TargetOptions, log: Progress) -> TargetRe
             log(f"{format_resolution(hw)}: static export (batch {options.batch})")
             export_static(model, fp32, batch=options.batch, resolution=hw, outputs=outputs,
                           layer_norm=manifest.io.layer_norm,
-                          mobile_ops=options.target in MOBILE_CHECK)
+                          mobile_ops=options.target in MOBILE_OPS,
+                          linear_as_gemm=options.target == "npu")
             for precision in precisions:
                 name = f"{stem}.{precision}.onnx"
                 if precision != "fp32":
                     log(f"{format_resolution(hw)}: {precision}")
                     quant = _quant_options(manifest, precision, fp32)
+                    if options.target == "npu":
+                        record["linear_layers"] = "Gemm (2-D), as HTP takes per-channel weights"
                     if options.target == "npu" and not NPU_WEIGHTS_PER_CHANNEL:
                         quant = replace(quant, per_channel=False)
                         record["weights"] = "int8 per tensor (HTP's MatMul: targets/htp.py)"

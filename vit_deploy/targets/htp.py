@@ -3,7 +3,9 @@
 graph: whether each finalises with every node on HTP, which nodes fell back to the CPU
 where not, and the outputs against the bundle's golden references (PyTorch's) for that
 bucket, by the int8 tolerance policy (PyTorch run here, from the bundle's weights, where
-the references' size bound left a bucket out).
+the references' size bound left a bucket out), and on the photographs shipped with the
+package (held out from calibration, each whole at the bucket's size) against the bundle's
+fp32 graph, by the policy every precision is judged by.
 
 `onnxruntime-qnn` depends on `onnxruntime`, which would replace onnxruntime-gpu in the
 project's environment: it lives in an environment of its own (`make setup` makes
@@ -23,12 +25,15 @@ from typing import Any
 import numpy as np
 
 from vit_deploy.parity import ParityCase, judge
+from vit_deploy.precisions.photos import (VIEW_BOX, EvalImages, PhotoCase, digits_images,
+                                          judge_photos, shipped)
 from vit_deploy.runtime.manifest import load_manifest
 from vit_deploy.runtime.references import iter_references
 
 # The HTP architectures tested (htp_arch, and the soc_model QNN is told with it, as the QNN
 # SDK numbers them): docs/edge-targets.md
 HTP_ARCHS: dict[str, str] = {"73": "57", "75": "69", "79": "87"}
+DIGITS_JUDGED = 24  # held-out digits for a target calibrated on them
 RUNNER = Path(__file__).with_name("htp_runner.py")
 QNN_PACKAGE = "onnxruntime-qnn==2.7.0"
 
@@ -45,11 +50,12 @@ class HTPGraph:
     htp_partitions: int
     cpu_nodes: list[dict[str, str]]
     parity: list[ParityCase] = field(default_factory=list)
+    photos: list[PhotoCase] = field(default_factory=list)  # per output, on the photographs
 
     @property
     def passed(self) -> bool:
-        return self.finalised and not self.cpu_nodes and bool(self.parity) and all(
-            c.passed for c in self.parity)
+        return (self.finalised and not self.cpu_nodes and bool(self.parity) and bool(self.photos)
+                and all(c.passed for c in [*self.parity, *self.photos]))
 
     def line(self) -> str:
         where = ("every node on HTP" if self.finalised and not self.cpu_nodes else
@@ -61,7 +67,9 @@ class HTPGraph:
         return (f"{verdict} {self.file} htp_arch {self.htp_arch} (soc_model {self.soc_model}): "
                 f"{where}; {self.htp_partitions} HTP partition(s); "
                 f"parity vs PyTorch: {sum(c.passed for c in self.parity)}/{len(self.parity)} "
-                f"cases, worst cosine {worst:.6f}")
+                f"cases, worst cosine {worst:.6f}; photographs vs fp32: "
+                f"{sum(c.passed for c in self.photos)}/{len(self.photos)} outputs, worst "
+                f"cosine {min((c.cosine_min for c in self.photos), default=float('nan')):.5f}")
 
 
 def check_htp(bundle: str | Path, *, python: str | Path,
@@ -85,11 +93,14 @@ def check_htp(bundle: str | Path, *, python: str | Path,
     missing = sorted({g.resolution for g in spec.graphs} - set(cases))
     if missing:  # the references' size bound left these buckets out: PyTorch, here
         cases |= _torch_cases(bundle, manifest, missing, spec.batch)
+    photos = _photo_cases(bundle, manifest, sorted({g.resolution for g in spec.graphs}))
     with tempfile.TemporaryDirectory(prefix="vit-deploy-htp-") as tmp:
         graphs = []
         for g in spec.graphs:
             chunks = {f"{i}.{j}": x[j:j + g.batch] for i, (x, _) in enumerate(cases[g.resolution])
                       for j in range(0, len(x), g.batch)}
+            x = photos[g.resolution][0]
+            chunks |= {f"photo.{j}": x[j:j + g.batch] for j in range(0, len(x), g.batch)}
             npz = Path(tmp) / f"{Path(g.file).stem}.inputs.npz"
             np.savez(npz, **chunks)
             graphs.append({"file": str(manifest.resolve(bundle, g.file)), "inputs": str(npz)})
@@ -104,7 +115,30 @@ def check_htp(bundle: str | Path, *, python: str | Path,
                                + (said[-1][-400:] if said else "it wrote no result: is it a "
                                   "Python with onnxruntime-qnn?"))
         rows = json.loads(result.read_text())["results"]
-        return [_judged(row, spec.graphs, cases) for row in rows]
+        return [_judged(row, spec.graphs, cases, photos) for row in rows]
+
+
+def _photo_cases(bundle: Path, manifest: Any, sizes: list[tuple[int, int]]
+                 ) -> dict[tuple[int, int], tuple[np.ndarray, dict[str, np.ndarray]]]:
+    """{size: (real images preprocessed at the size as the runtime does, the bundle's fp32
+    graph's outputs for them)}: the photographs shipped with the package (held out from
+    calibration), each whole; for a target calibrated on the digits, held-out digits (the
+    test model's own data)."""
+    from vit_deploy.runtime.preprocess import Preprocess
+    from vit_deploy.runtime.session import ViTSession
+
+    if manifest.targets["npu"].record.get("calibrated_on") == "digits":
+        images = EvalImages((), "", pixels=digits_images().pixels[:DIGITS_JUDGED]).views()
+    else:
+        images = EvalImages(tuple(shipped("eval")), "").views()[::1 + len(VIEW_BOX)]
+    out = {}
+    with ViTSession(manifest.model_path(bundle, "fp32"), provider="cpu") as fp32:
+        for hw in sizes:
+            pre = Preprocess.from_manifest(manifest, resolution=hw,
+                                           resize="shorter_side_center_crop")
+            x = np.stack([pre.array(image) for image in images])
+            out[hw] = (x, fp32.run_all(x))
+    return out
 
 
 def _torch_cases(bundle: Path, manifest: Any, sizes: list[tuple[int, int]], batch: int
@@ -135,7 +169,8 @@ def _torch_cases(bundle: Path, manifest: Any, sizes: list[tuple[int, int]], batc
     return cases
 
 
-def _judged(row: dict[str, Any], graphs: Any, cases: dict[tuple[int, int], list]) -> HTPGraph:
+def _judged(row: dict[str, Any], graphs: Any, cases: dict[tuple[int, int], list],
+            photos: dict[tuple[int, int], tuple[np.ndarray, dict[str, np.ndarray]]]) -> HTPGraph:
     graph = next(g for g in graphs if Path(row["file"]).name == Path(g.file).name)
     result = HTPGraph(file=graph.file, htp_arch=row["htp_arch"], soc_model=row["soc_model"],
                       finalised=row["finalised"], error=row["error"],
@@ -150,6 +185,11 @@ def _judged(row: dict[str, Any], graphs: Any, cases: dict[tuple[int, int], list]
             result.parity.append(judge(ref, out, resolution=graph.resolution,
                                        provider=f"qnn-htp {row['htp_arch']}",
                                        precision=graph.precision, output=name))
+    x, refs = photos[graph.resolution]
+    outs = {name: np.concatenate([got[f"photo.{j}/{name}"] for j in range(0, len(x), graph.batch)])
+            for name in refs}
+    result.photos = judge_photos(refs, outs, resolution=graph.resolution,
+                                 precision=graph.precision)
     return result
 
 
