@@ -223,14 +223,33 @@ def torch_logits() -> Callable[[torch.nn.Module, np.ndarray], np.ndarray]:
     return _torch_logits
 
 
-@pytest.fixture(scope="session", params=TINY_KINDS, ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(scope="session")
 def tiny_bundle(request, tmp_path_factory):
-    """A tiny model and its exported dynamic bundle (one export per kind per session)."""
+    """A tiny model and its exported dynamic bundle (one export per kind per session), of
+    each kind in TINY_KINDS (pytest_generate_tests)."""
     pos_embed, pool = request.param
     model = _tiny(pos_embed, pool)
     out = tmp_path_factory.mktemp("bundles") / f"tiny-{pos_embed}-{pool}"
     result = export_bundle(model, out, options=ExportOptions(resolution=(48, 64)))
     return model, result
+
+
+# Files whose subject is not the model's kind (servers, bench, hostile input, reliability,
+# int8 kernels, Triton): the tiny bundle of the first kind only. The kinds differ in the
+# graph (position table, pooling), which the export, runtime and parity tests cover with both;
+# these files ran every test twice for nothing (2026-12-06: about 2 minutes of the suite).
+ONE_TINY_KIND_FILES = {
+    "test_bench.py", "test_server_hostile.py", "test_server.py", "test_int8_cpu.py",
+    "test_reliability.py", "test_cli_errors.py", "test_hostile_table.py", "test_ownership.py",
+    "test_triton.py", "test_hostile_cli.py",
+}
+
+
+def pytest_generate_tests(metafunc):
+    if "tiny_bundle" in metafunc.fixturenames:
+        one = metafunc.definition.path.name in ONE_TINY_KIND_FILES
+        metafunc.parametrize("tiny_bundle", TINY_KINDS[:1] if one else TINY_KINDS,
+                             indirect=True, scope="session", ids=lambda p: f"{p[0]}-{p[1]}")
 
 
 @pytest.fixture(scope="session")

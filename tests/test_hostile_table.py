@@ -29,8 +29,6 @@ TABLE = json.loads((ROOT / "tests" / "data" / "hostile-runtime.json").read_text(
 IMAGE = ROOT / "tests" / "data" / "web" / "hopper-small.png"
 COMMON = (ROOT / "web" / "src" / "lib" / "common.mjs").as_uri()
 MANIFEST_JS = (ROOT / "web" / "src" / "lib" / "manifest.mjs").as_uri()
-ONE_KIND = pytest.mark.parametrize("tiny_bundle", [("learned", "cls")], indirect=True,
-                                   ids=["learned-cls"])
 
 
 def _value(v: Any) -> Any:
@@ -80,7 +78,6 @@ def _params() -> list:
     return out
 
 
-@ONE_KIND
 @pytest.mark.parametrize("case", _params())
 def test_python_refuses_what_the_table_says(case, tiny_bundle, tmp_path):
     _, result = tiny_bundle
@@ -158,7 +155,6 @@ def _js(configs: list[dict], gib: float, manifests: list[dict]) -> dict:
     return json.loads(r.stdout)
 
 
-@ONE_KIND
 def test_the_bounds_and_the_memory_estimate_are_one_each_side(tiny_bundle, monkeypatch):
     _, result = tiny_bundle
     base = json.loads((result.path / MANIFEST_NAME).read_text())

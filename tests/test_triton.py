@@ -20,10 +20,7 @@ from vit_deploy.runtime.manifest_parts import TensorSpec
 from vit_deploy.triton import (check_model_name, model_metadata, pbtxt_string, triton_config,
                                triton_repository)
 
-# Tests that do not depend on the model kind run on one: the first of conftest's kinds,
-# so the session's cached export is reused.
-ONE_KIND = pytest.mark.parametrize("tiny_bundle", [("learned", "cls")], indirect=True,
-                                   ids=["learned-cls"])
+# Every test here runs on the tiny bundle's first kind only (conftest: ONE_TINY_KIND_FILES).
 TRICKY = ["../x", "a/b", "", ".", "..", 'x"y', "a\\b", "x\ny", ".hidden", "a" * 129, "a" * 128,
           "vit", "A.b-c_9", "-x", "x.", "é", "a b", "\x00", "/abs", "x/..", "C:x", "con"]
 
@@ -54,7 +51,6 @@ def test_triton_repository_parses_with_tritons_protobuf(tiny_bundle, tmp_path):
     assert config.parameters["vit_deploy_precision"].string_value == "fp32"
 
 
-@ONE_KIND
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
 def test_config_lists_every_tensor_of_the_manifest_as_the_v2_metadata_does(tiny_bundle, static):
     """config.pbtxt and `vit-deploy serve`'s /v2/models/NAME come from model_metadata: every
@@ -79,7 +75,6 @@ def test_config_lists_every_tensor_of_the_manifest_as_the_v2_metadata_does(tiny_
                 for t in tensors] == [(s.name, f"TYPE_{s.datatype}", list(s.shape)) for s in specs]
 
 
-@ONE_KIND
 def test_a_dtype_without_a_v2_datatype_is_refused(tiny_bundle):
     manifest = load_manifest(tiny_bundle[1].path)
     odd = TensorSpec("logits", "complex64", ("batch", 10))
@@ -133,13 +128,11 @@ def _check_name_everywhere(bundle: Path, name: str, work: Path) -> str:
     return "accepted"
 
 
-@ONE_KIND
 @pytest.mark.parametrize("name", TRICKY, ids=repr)
 def test_model_names(tiny_bundle, tmp_path, name):
     _check_name_everywhere(tiny_bundle[1].path, name, tmp_path)
 
 
-@ONE_KIND
 @pytest.mark.parametrize("name", ["../x", "a/b", "", ".", 'x"y'], ids=repr)
 def test_bad_names_are_rejected_by_the_cli(tiny_bundle, tmp_path, name):
     r = CliRunner().invoke(main, ["triton", str(tiny_bundle[1].path), "--out",
@@ -148,7 +141,6 @@ def test_bad_names_are_rejected_by_the_cli(tiny_bundle, tmp_path, name):
     assert not (tmp_path / "r").exists() and not (tmp_path / "x").exists()
 
 
-@ONE_KIND
 def test_default_name_is_checked_too(tiny_bundle, tmp_path):
     bundle = tmp_path / "my bundle"
     shutil.copytree(tiny_bundle[1].path, bundle)
@@ -167,7 +159,6 @@ names = st.one_of(st.text(max_size=140),
                   st.sampled_from(TRICKY))
 
 
-@ONE_KIND
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=names)
 def test_any_name_is_accepted_safely_or_rejected(tiny_bundle, tmp_path_factory, name):

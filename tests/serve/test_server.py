@@ -30,10 +30,7 @@ from vit_deploy.serve.limits import MAX_IMAGE_BYTES, MULTIPART_OVERHEAD
 from vit_deploy.serve.metrics import CLIENT_GONE, LATENCY_BUCKETS_MS, LatencyStats
 from vit_deploy.serve.run import serve
 
-# Tests that do not depend on the model kind run on one: the first of conftest's kinds,
-# so the session's cached export is reused.
-ONE_KIND = pytest.mark.parametrize("tiny_bundle", [("learned", "cls")], indirect=True,
-                                   ids=["learned-cls"])
+# Every test here runs on the tiny bundle's first kind only (conftest: ONE_TINY_KIND_FILES).
 PNG = {"content-type": "image/png"}
 LONG_WAIT_MS = 600_000  # with max_batch=2: a batch starts only when its second request is in
 CRASH = b"\x89PNG\r\n\x1a\n this payload crashes the decoder"
@@ -118,7 +115,6 @@ def running(session, before=None, **kwargs):
         yield client, app.state.batcher
 
 
-@ONE_KIND
 def test_concurrent_requests_are_batched(session):
     """With max_batch=4 and LONG_WAIT_MS a batch starts only once its fourth request is
     in: four concurrent requests are one session run of four, however the threads are
@@ -133,7 +129,6 @@ def test_concurrent_requests_are_batched(session):
         assert (m["requests"], m["batches"], m["batch_sizes"]) == (4, 1, {"4": 1})
 
 
-@ONE_KIND
 def test_a_lone_request_is_answered_when_its_wait_ends(session):
     """The other side of the wait: no company comes, so the batch closes at its deadline
     with one image (whenever that is, the outcome is the same)."""
@@ -169,7 +164,6 @@ DECODER_CRASHES = [NotImplementedError("codec not implemented"),
                    ValueError("bad palette")]
 
 
-@ONE_KIND
 @pytest.mark.parametrize("exc", DECODER_CRASHES, ids=lambda e: type(e).__name__)
 def test_a_crashing_decoder_costs_only_its_own_request(session, exc):
     with running(session, max_wait_ms=0) as (client, batcher):
@@ -186,7 +180,6 @@ def test_a_crashing_decoder_costs_only_its_own_request(session, exc):
         assert (m["errors"], m["requests"], m["worker_errors"]) == (1, 1, 0)
 
 
-@ONE_KIND
 @pytest.mark.parametrize("exc", DECODER_CRASHES[:3], ids=lambda e: type(e).__name__)
 def test_a_crashing_decoder_does_not_harm_its_batch_mate(session, exc):
     with running(session, max_batch=2, max_wait_ms=LONG_WAIT_MS) as (client, batcher):
@@ -210,7 +203,6 @@ def _fail_once(monkeypatch, session, exc):
     return calls
 
 
-@ONE_KIND
 def test_a_failed_session_run_is_500_for_that_request_only(session, monkeypatch, caplog):
     calls = _fail_once(monkeypatch, session, RuntimeError("onnxruntime: out of\nmemory"))
     with running(session, max_wait_ms=0) as (client, _):
@@ -224,7 +216,6 @@ def test_a_failed_session_run_is_500_for_that_request_only(session, monkeypatch,
     assert len(errors) == 1 and "\n" not in errors[0].getMessage() and not errors[0].exc_info
 
 
-@ONE_KIND
 def test_a_failed_session_run_is_500_for_that_batch_only(session, monkeypatch):
     calls = _fail_once(monkeypatch, session, RuntimeError("boom"))
     with running(session, max_batch=2, max_wait_ms=LONG_WAIT_MS) as (client, _):
@@ -233,7 +224,6 @@ def test_a_failed_session_run_is_500_for_that_batch_only(session, monkeypatch):
     assert calls == [2, 2]
 
 
-@ONE_KIND
 @pytest.mark.parametrize("where,logged", [("_collect", "continuing"),
                                           ("_predict", "failed outside the session run")])
 def test_the_worker_loop_survives_its_own_bugs(session, monkeypatch, caplog, where, logged):
@@ -272,7 +262,6 @@ async def _cancel(task: asyncio.Task) -> None:
     await asyncio.wait([task])
 
 
-@ONE_KIND
 def test_health_is_503_when_the_worker_is_gone(session):
     with running(session) as (client, batcher):
         assert client.get("/health").json()["status"] == "ok"
@@ -303,7 +292,6 @@ def test_a_generator_body_is_sent_without_content_length():
     assert request.headers["transfer-encoding"] == "chunked"
 
 
-@ONE_KIND
 def test_chunked_uploads_over_the_limit_get_413(session):
     over = MAX_IMAGE_BYTES + MULTIPART_OVERHEAD + 1
     with running(session) as (client, _):
@@ -323,7 +311,6 @@ def test_chunked_uploads_over_the_limit_get_413(session):
         assert r.status_code == 200
 
 
-@ONE_KIND
 def test_multipart_needs_exactly_one_file(session):
     with running(session) as (client, _):
         r = client.post("/predict", files=[("a", ("a.png", _png(1), "image/png")),
@@ -352,7 +339,6 @@ def test_latency_stats_use_fixed_memory():
     assert list(s["buckets"].values()) == sorted(s["buckets"].values())
 
 
-@ONE_KIND
 def test_metrics_stay_bounded(session, monkeypatch):
     monkeypatch.setattr("vit_deploy.serve.metrics.LATENCY_WINDOW", 8)
     with running(session, max_wait_ms=0) as (client, batcher):
@@ -371,7 +357,6 @@ def test_metrics_stay_bounded(session, monkeypatch):
     assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"]
 
 
-@ONE_KIND
 def test_a_full_queue_answers_503_with_retry_after(session, monkeypatch):
     entered, release = threading.Event(), threading.Event()
     queued = threading.Semaphore(0)
@@ -437,7 +422,6 @@ async def _call(app, messages: list[dict]) -> list[dict]:
     return sent
 
 
-@ONE_KIND
 def test_a_client_that_goes_away_does_not_harm_its_batch(session, caplog):
     """Its job is collected with the next request's, skipped, and nothing is logged."""
     with running(session, max_batch=2, max_wait_ms=LONG_WAIT_MS) as (client, _):
@@ -453,7 +437,6 @@ def test_a_client_that_goes_away_does_not_harm_its_batch(session, caplog):
     assert not [rec for rec in caplog.records if rec.levelno >= logging.WARNING or rec.exc_info]
 
 
-@ONE_KIND
 def test_a_disconnect_while_uploading_is_not_an_error(session, caplog):
     with running(session) as (client, _):
         sent = client.portal.call(_call, client.app, [
@@ -484,7 +467,6 @@ async def _cancel_while_waiting(app, batcher) -> list[dict]:
         del batcher.queue.put_nowait
 
 
-@ONE_KIND
 def test_a_cancelled_request_does_not_harm_its_batch(session, caplog):
     """uvicorn cancels handlers only at shutdown: answered 503, its job skipped, no log."""
     with running(session, max_batch=2, max_wait_ms=LONG_WAIT_MS) as (client, batcher):
@@ -516,7 +498,6 @@ def test_serve_reports_an_address_that_is_not_ours():
     assert ready == []
 
 
-@ONE_KIND
 def test_serve_binds_then_calls_on_ready_then_serves(session, monkeypatch):
     servers: list[uvicorn.Server] = []
 

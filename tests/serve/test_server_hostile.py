@@ -33,8 +33,6 @@ from vit_deploy.serve.connections import RepeatFilter
 from vit_deploy.serve.errors import Failure
 from vit_deploy.serve.limits import MAX_INFER_BYTES, BodyBudget, Limits
 
-ONE_KIND = pytest.mark.parametrize("tiny_bundle", [("learned", "cls")], indirect=True,
-                                   ids=["learned-cls"])
 PNG = {"content-type": "image/png"}
 FAST = dict(header_timeout_s=1.0, body_timeout_s=1.0, keep_alive_s=1.0, shutdown_grace_s=1.0)
 
@@ -125,7 +123,6 @@ def bundle(tiny_bundle):
 # -- connections ------------------------------------------------------------------------------
 
 
-@ONE_KIND
 def test_half_open_connections_are_bounded_and_closed_after_the_header_timeout(bundle):
     with hostile_server(bundle, max_connections=64) as (url, port, _):
         partial = [_connect(port, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
@@ -143,7 +140,6 @@ def test_half_open_connections_are_bounded_and_closed_after_the_header_timeout(b
             s.close()
 
 
-@ONE_KIND
 def test_a_low_descriptor_limit_is_not_exhausted_and_logs_stay_small(bundle):
     # 128 descriptors; 256 half-open connections (more past the accept backlog only wait
     # for SYN retries, a second each): the cap (under the limit) holds, no "Too many open
@@ -160,7 +156,6 @@ def test_a_low_descriptor_limit_is_not_exhausted_and_logs_stay_small(bundle):
     assert len(err) < 5000, err[-2000:]
 
 
-@ONE_KIND
 @pytest.mark.parametrize("drip", [None, 0.25], ids=["stalled", "dripping"])
 def test_a_slow_body_is_answered_408_and_closed(bundle, drip):
     with hostile_server(bundle) as (url, port, _):
@@ -185,7 +180,6 @@ def test_a_slow_body_is_answered_408_and_closed(bundle, drip):
         _health_within(url, 2.0)
 
 
-@ONE_KIND
 @pytest.mark.parametrize("path,ctype", [("/predict", "image/png"),
                                         ("/v2/models/tiny-learned-cls/infer",
                                          "application/json")])
@@ -264,7 +258,6 @@ def _predict_408s(url: str, want: int) -> int:
     return n
 
 
-@ONE_KIND
 @pytest.mark.parametrize("drip", [None, 0.2], ids=["stalled", "dripping"])
 def test_slow_bodies_never_keep_fast_requests_out(bundle, drip):
     # 12 slow bodies, three times the 4 bodies parsed at once and each declaring 100000
@@ -294,7 +287,6 @@ def test_slow_bodies_never_keep_fast_requests_out(bundle, drip):
     assert "Traceback" not in err and len(err) < 5000, err[-3000:]
 
 
-@ONE_KIND
 def test_a_trickle_is_cut_by_the_minimum_rate_and_a_steady_slow_body_is_not(bundle):
     limits = dict(body_timeout_s=20.0, min_body_rate=1000, body_window_s=0.5)
     with hostile_server(bundle, **limits) as (url, port, _):
@@ -325,7 +317,6 @@ def test_a_trickle_is_cut_by_the_minimum_rate_and_a_steady_slow_body_is_not(bund
         _fast_requests_answer(url, bundle.name, within=2.0)
 
 
-@ONE_KIND
 @pytest.mark.parametrize("drip", [None, 0.2], ids=["stalled", "dripping"])
 def test_at_the_connection_limit_the_slowest_body_makes_way(bundle, drip):
     # Every one of the 8 connections is sending a slow body (each being answered, none
@@ -351,7 +342,6 @@ def test_at_the_connection_limit_the_slowest_body_makes_way(bundle, drip):
         _fast_requests_answer(url, bundle.name, within=2.0)
 
 
-@ONE_KIND
 @pytest.mark.parametrize("declared", [9000, 10_000])
 def test_bytes_held_are_what_arrived_not_what_was_declared(bundle, declared):
     limits = dict(max_image_bytes=10_000, max_infer_bytes=10_000, max_body_bytes=15_000,
@@ -403,7 +393,6 @@ def test_a_body_takes_a_parsing_slot_only_once_it_has_arrived():
     assert (budget.bodies, budget.bytes) == (0, 0)
 
 
-@ONE_KIND
 def test_sigterm_during_slow_uploads_shuts_down_without_tracebacks(bundle):
     with hostile_server(bundle, body_timeout_s=30.0) as (url, port, proc):
         socks = [_connect(port, b"POST /predict HTTP/1.1\r\nHost: x\r\ncontent-type: "
@@ -489,7 +478,6 @@ def app_client(tiny_bundle):
         yield start
 
 
-@ONE_KIND
 @pytest.mark.parametrize("image,limit,shown", [
     (_png_claiming(9000, 9000), None, "9000x9000"),
     (_png_claiming(60000, 60000), None, "60000"),  # past Pillow's own bomb guard too
@@ -531,7 +519,6 @@ def _request(name="pixel_values", data=None, shape=(1, 3, 48, 64), **extra):
 NON_FINITE_TEXT = ["NaN", "Infinity", "-Infinity", "1e39", "-1e39", "1e309", "3.5e38"]
 
 
-@ONE_KIND
 @pytest.mark.parametrize("token", NON_FINITE_TEXT)
 @pytest.mark.parametrize("where", [0, 5, 9215])
 @pytest.mark.parametrize("nested", [False, True], ids=["flat", "nested"])
@@ -552,7 +539,6 @@ def test_non_finite_inputs_are_refused_with_valid_json(app_client, token, where,
         assert f"index [0, {where // 3072}, {where % 3072 // 64}, {where % 64}]" in error
 
 
-@ONE_KIND
 @pytest.mark.parametrize("bits", [np.nan, np.inf, -np.inf])
 def test_non_finite_binary_inputs_are_refused(app_client, bits):
     x = np.zeros((1, 3, 48, 64), np.float32)
@@ -566,7 +552,6 @@ def test_non_finite_binary_inputs_are_refused(app_client, bits):
         assert r.status_code == 400 and "[0, 2, 47, 63]" in _strict_json(r.text)["error"]
 
 
-@ONE_KIND
 @pytest.mark.parametrize("binary", [False, True])
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_a_non_finite_output_is_an_error_not_data(app_client, monkeypatch, binary, bad):
@@ -591,7 +576,6 @@ def test_a_non_finite_output_is_an_error_not_data(app_client, monkeypatch, binar
 WRONG_TYPES = [5, 1.5, True, None, [], ["pixel_values"], {}, {"a": 1}]
 
 
-@ONE_KIND
 @pytest.mark.parametrize("value", WRONG_TYPES, ids=repr)
 @pytest.mark.parametrize("where", ["input", "output"])
 def test_names_of_the_wrong_json_type_are_400_saying_expected_and_given(app_client, value,
@@ -619,7 +603,6 @@ def _fields(request: dict):
     yield from walk(request, ())
 
 
-@ONE_KIND
 def test_every_field_of_every_wrong_type_is_a_4xx_never_a_500(tiny_bundle):
     with ViTSession(tiny_bundle[1].path) as session:
         model = serving_model(session)
@@ -645,7 +628,6 @@ def test_every_field_of_every_wrong_type_is_a_4xx_never_a_500(tiny_bundle):
 # -- JSON tensor data: parsed straight into arrays ---------------------------------------------
 
 
-@ONE_KIND
 @pytest.mark.parametrize("shape", [(1, 3, 8, 8), (2, 3, 16, 24), (4, 3, 8, 40)])
 @pytest.mark.parametrize("layout", ["flat", "nested", "rows-of-8"])
 @pytest.mark.parametrize("spacing", ["", " ", "\n  "])
@@ -668,7 +650,6 @@ def test_json_data_parses_to_what_json_says(tiny_bundle, shape, layout, spacing)
     np.testing.assert_array_equal(got, want)
 
 
-@ONE_KIND
 @pytest.mark.parametrize("data,message", [
     ("[" + ",".join(["0.5"] * 191) + "]", "holds 191 values"),
     ("[" + ",".join(["0.5"] * 193) + "]", "holds 193 values"),
@@ -693,7 +674,6 @@ def test_malformed_json_data_is_400(tiny_bundle, data, message):
     assert e.value.status == 400
 
 
-@ONE_KIND
 def test_json_parsing_memory_is_bounded_by_the_body_not_by_python_floats(tiny_bundle):
     with ViTSession(tiny_bundle[1].path) as session:
         model = serving_model(session)
@@ -717,7 +697,6 @@ def test_json_parsing_memory_is_bounded_by_the_body_not_by_python_floats(tiny_bu
     assert e.value.status == 413
 
 
-@ONE_KIND
 @pytest.mark.parametrize("shape", [[4, 3, 4096, 4096], [1, 3, 10 ** 6, 10 ** 6],
                                    [4, 3, 2048, 2048]])
 def test_a_declared_shape_over_the_limit_is_413_before_its_data_is_read(tiny_bundle, shape):
