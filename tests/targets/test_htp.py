@@ -8,6 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import onnx
 import pytest
 from click.testing import CliRunner
 
@@ -101,3 +102,26 @@ def test_bad_input_is_one_line_and_exit_2(npu_bundle, tmp_path, capsys, qnn_pyth
     assert CliRunner().invoke(main, ["export", "--model", "tiny", "--out", str(plain)]).exit_code == 0
     assert htp.main([str(plain), "--python", str(qnn_python)]) == 2
     assert "has no npu target" in capsys.readouterr().err
+
+
+def test_compiled_contexts_are_written_reloaded_and_hashed_in_the_manifest(npu_bundle, tmp_path,
+                                                                           qnn_python):
+    bundle = tmp_path / "with-contexts"
+    shutil.copytree(npu_bundle, bundle)
+    before = set(load_manifest(bundle).files)
+    [r] = htp.check_htp(bundle, python=qnn_python, archs={"75": "69"}, contexts=True)
+    assert r.passed and r.context["max_abs"] == 0.0, r.line()
+    assert "compiled context: reloaded, max|Δ| 0.0e+00" in r.line()
+    manifest = load_manifest(bundle)  # every file's size and hash verified
+    [graph] = manifest.targets["npu"].graphs
+    assert graph.contexts == (("75", "targets/npu/32x32.b1.int8-static.htp75.onnx"),)
+    assert set(manifest.files) - before == {"targets/npu/32x32.b1.int8-static.htp75.onnx"}
+    context = onnx.load(str(bundle / graph.contexts[0][1]))
+    assert [n.op_type for n in context.graph.node] == ["EPContext"]
+    assert str(tmp_path) not in context.SerializeToString().decode("latin-1")  # no local path
+    # a second architecture joins the first; the graphs and every other file stay
+    htp.check_htp(bundle, python=qnn_python, archs={"73": "57"}, contexts=True)
+    [graph] = load_manifest(bundle).targets["npu"].graphs
+    assert [a for a, _ in graph.contexts] == ["73", "75"]
+    assert set(load_manifest(bundle).files) - before == {
+        f"targets/npu/32x32.b1.int8-static.htp{a}.onnx" for a in ("73", "75")}

@@ -115,6 +115,14 @@ class BucketGraph:
     precision: str
     file: str  # the .onnx file
     ort_file: str | None = None  # the same graph in ORT format, where the target has one
+    # ((htp_arch, file), ...): the graph compiled for Qualcomm's HTP, an EPContext model a
+    # phone loads without compiling (targets/htp.py --contexts)
+    contexts: tuple[tuple[str, str], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"resolution": list(self.resolution), "batch": self.batch,
+               "precision": self.precision, "file": self.file, "ort_file": self.ort_file}
+        return out | ({"contexts": dict(self.contexts)} if self.contexts else {})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,12 +151,13 @@ class TargetSpec:
                      and g.resolution == tuple(hw)), None)
 
     def files(self) -> list[str]:
-        names = [n for g in self.graphs for n in (g.file, g.ort_file) if n]
+        names = [n for g in self.graphs for n in (g.file, g.ort_file, *dict(g.contexts).values())
+                 if n]
         return names + ([self.required_operators] if self.required_operators else [])
 
     def to_dict(self) -> dict[str, Any]:
         return {"batch": self.batch, "policy": self.policy,
-                "graphs": [_plain(dataclasses.asdict(g)) for g in self.graphs],
+                "graphs": [g.to_dict() for g in self.graphs],
                 "required_operators": self.required_operators, "record": _plain(self.record)}
 
 
@@ -298,13 +307,18 @@ def _targets(targets: Any, files: Mapping[str, FileEntry], config: ViTConfig,
                   and all(_is_int(v, P, MAX_SIDE) and v % P == 0 for v in res)
                   and g.get("precision") in PRECISIONS and g.get("batch") == t["batch"]
                   and g.get("file") in files
-                  and (g.get("ort_file") is None or g.get("ort_file") in files),
+                  and (g.get("ort_file") is None or g.get("ort_file") in files)
+                  and isinstance(g.get("contexts", {}), dict)
+                  and all(isinstance(a, str) and a.isdigit() and len(a) <= 4 and f in files
+                          for a, f in g.get("contexts", {}).items()),
                   where, f"{at}.graphs", f"[{{resolution: [H, W] multiples of {P} up to "
                   f"{MAX_SIDE}, batch: {t['batch']}, precision: one of {list(PRECISIONS)}, "
-                  f"file and ort_file: files listed under files}}]", g)
+                  f"file and ort_file: files listed under files, contexts: {{htp_arch: a file "
+                  f"listed under files}}}}]", g)
             graphs.append(BucketGraph(resolution=tuple(res), batch=g["batch"],
                                       precision=g["precision"], file=g["file"],
-                                      ort_file=g.get("ort_file")))
+                                      ort_file=g.get("ort_file"),
+                                      contexts=tuple(sorted(g.get("contexts", {}).items()))))
         keys = [(g.precision, g.resolution) for g in graphs]
         _need(len(set(keys)) == len(keys), where, f"{at}.graphs",
               "one graph per precision and resolution", t["graphs"])

@@ -211,7 +211,7 @@ def _add_target(bundle: Path, options: TargetOptions, log: Progress) -> TargetRe
                                                        ort_file=r.ort_file) for r in passing),
                               required_operators=ops_file, record=record)
             log(f"writing target {options.target} into {bundle}")
-            _rewrite(bundle, manifest, spec, stage, ref_cases)
+            rewrite_target(bundle, manifest, spec, stage, ref_cases)
     return TargetReport(str(bundle), options.target, options.batch, results, record)
 
 
@@ -286,7 +286,7 @@ def _bucket_references(bundle: Path, manifest: Manifest, target: str, reference:
     return cases
 
 
-def _rewrite(bundle: Path, manifest: Manifest, spec: TargetSpec, stage: Path,
+def rewrite_target(bundle: Path, manifest: Manifest, spec: TargetSpec, stage: Path,
              ref_cases: list | None = None) -> None:
     """The bundle with `spec` swapped in atomically: the files the manifest lists are
     linked over (an older version of this target's files dropped), the new ones moved in;

@@ -15,10 +15,11 @@ project's environment: it lives in an environment of its own (`make setup` makes
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ class HTPGraph:
     cpu_nodes: list[dict[str, str]]
     parity: list[ParityCase] = field(default_factory=list)
     photos: list[PhotoCase] = field(default_factory=list)  # per output, on the photographs
+    context: dict[str, Any] | None = None  # the compiled context: {file, max_abs} or {error}
 
     @property
     def passed(self) -> bool:
@@ -69,13 +71,19 @@ class HTPGraph:
                 f"parity vs PyTorch: {sum(c.passed for c in self.parity)}/{len(self.parity)} "
                 f"cases, worst cosine {worst:.6f}; photographs vs fp32: "
                 f"{sum(c.passed for c in self.photos)}/{len(self.photos)} outputs, worst "
-                f"cosine {min((c.cosine_min for c in self.photos), default=float('nan')):.5f}")
+                f"cosine {min((c.cosine_min for c in self.photos), default=float('nan')):.5f}"
+                + ("" if self.context is None else "; compiled context: " + (
+                    self.context["error"] if "error" in self.context else
+                    f"reloaded, max|Δ| {self.context['max_abs']:.1e} to the compiling session")))
 
 
-def check_htp(bundle: str | Path, *, python: str | Path,
-              archs: dict[str, str] | None = None) -> list[HTPGraph]:
+def check_htp(bundle: str | Path, *, python: str | Path, archs: dict[str, str] | None = None,
+              contexts: bool = False) -> list[HTPGraph]:
     """Each npu graph of `bundle` on each HTP architecture, run by `python` (an environment
-    with onnxruntime-qnn), against the bundle's golden references for its bucket."""
+    with onnxruntime-qnn), against the bundle's golden references for its bucket.
+    `contexts`: each graph that passes is compiled into an EPContext model, reloaded, run on
+    every case and, where its outputs equal the compiling session's, written into the
+    bundle beside the graph (targets/npu/<graph>.htp<arch>.onnx, hashed in the manifest)."""
     bundle = Path(bundle)
     manifest = load_manifest(bundle)
     spec = manifest.targets.get("npu")
@@ -105,7 +113,8 @@ def check_htp(bundle: str | Path, *, python: str | Path,
             np.savez(npz, **chunks)
             graphs.append({"file": str(manifest.resolve(bundle, g.file)), "inputs": str(npz)})
         request = Path(tmp) / "request.json"
-        request.write_text(json.dumps({"graphs": graphs, "archs": sorted(archs.items())}))
+        request.write_text(json.dumps({"graphs": graphs, "archs": sorted(archs.items()),
+                                       "contexts": contexts}))
         done = subprocess.run([str(python), str(RUNNER), str(request), tmp],
                               capture_output=True, text=True, timeout=1800)
         result = Path(tmp) / "result.json"
@@ -115,7 +124,46 @@ def check_htp(bundle: str | Path, *, python: str | Path,
                                + (said[-1][-400:] if said else "it wrote no result: is it a "
                                   "Python with onnxruntime-qnn?"))
         rows = json.loads(result.read_text())["results"]
-        return [_judged(row, spec.graphs, cases, photos) for row in rows]
+        results = [_judged(row, spec.graphs, cases, photos) for row in rows]
+        if contexts:
+            _write_contexts(bundle, spec, results, Path(tmp))
+        return results
+
+
+def _write_contexts(bundle: Path, spec: Any, results: list[HTPGraph], tmp: Path) -> None:
+    """Each passing graph's compiled context whose outputs equal its own, into the bundle
+    beside the graph (replacing an older one of that architecture), under the writer lock."""
+    from vit_deploy.runtime.files import link_or_copy
+    from vit_deploy.runtime.swap import staging_directory, writer_lock
+    from vit_deploy.targets.build import rewrite_target
+
+    made: dict[str, dict[str, str]] = {}
+    for r in results:
+        if r.passed and r.context and r.context.get("max_abs") == 0.0:
+            made.setdefault(r.file, {})[r.htp_arch] = r.context["file"]
+    if not made:
+        return
+    with writer_lock(bundle):
+        manifest = load_manifest(bundle)
+        if manifest.targets.get("npu") != spec:
+            raise RuntimeError("the bundle's npu target changed while it was checked: run the "
+                               "check again")
+        with staging_directory(bundle) as stage:
+            stage = Path(stage)
+            graphs = []
+            for g in spec.graphs:
+                ours = dict(g.contexts)
+                for arch, compiled in made.get(g.file, {}).items():
+                    ours[arch] = str(Path(g.file).with_suffix(f".htp{arch}.onnx"))
+                    (stage / ours[arch]).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(compiled, stage / ours[arch])
+                graphs.append(replace(g, contexts=tuple(sorted(ours.items()))))
+            new = replace(spec, graphs=tuple(graphs))
+            for name in set(spec.files()) & set(new.files()):
+                if not (stage / name).exists():
+                    (stage / name).parent.mkdir(parents=True, exist_ok=True)
+                    link_or_copy(bundle / name, stage / name)
+            rewrite_target(bundle, manifest, new, stage)
 
 
 def _photo_cases(bundle: Path, manifest: Any, sizes: list[tuple[int, int]]
@@ -174,7 +222,8 @@ def _judged(row: dict[str, Any], graphs: Any, cases: dict[tuple[int, int], list]
     graph = next(g for g in graphs if Path(row["file"]).name == Path(g.file).name)
     result = HTPGraph(file=graph.file, htp_arch=row["htp_arch"], soc_model=row["soc_model"],
                       finalised=row["finalised"], error=row["error"],
-                      htp_partitions=row["htp_partitions"], cpu_nodes=row["cpu_nodes"])
+                      htp_partitions=row["htp_partitions"], cpu_nodes=row["cpu_nodes"],
+                      context=row.get("context"))
     if "outputs" not in row:
         return result
     with np.load(row["outputs"]) as f:
@@ -203,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"a Python with {QNN_PACKAGE} (make setup makes .venv-qnn)")
     p.add_argument("--arch", default=",".join(HTP_ARCHS),
                    help=f"HTP architectures, of {sorted(HTP_ARCHS)}")
+    p.add_argument("--contexts", action="store_true",
+                   help="write each passing graph's compiled HTP context (EPContext model) "
+                        "into the bundle")
     args = p.parse_args(argv)
     unknown = [a for a in args.arch.split(",") if a not in HTP_ARCHS]
     if unknown:
@@ -212,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{QNN_PACKAGE}")
     try:
         results = check_htp(args.bundle, python=args.python,
-                            archs={a: HTP_ARCHS[a] for a in args.arch.split(",")})
+                            archs={a: HTP_ARCHS[a] for a in args.arch.split(",")},
+                            contexts=args.contexts)
     except (ValueError, RuntimeError, OSError) as e:
         print(f"Error: {e}", file=sys.stderr)
         return 2

@@ -5,11 +5,13 @@ Python of an environment that has `onnxruntime-qnn` (never the project's own: it
     python htp_runner.py REQUEST.json OUT_DIR
 
 REQUEST: {"graphs": [{"file", "inputs": NPZ (one array per case, the graph's batch)}],
-"archs": [[htp_arch, soc_model], ...]}. For each graph and architecture it writes
+"archs": [[htp_arch, soc_model], ...], "contexts": bool}. For each graph and architecture it writes
 OUT_DIR/result.json: whether the graph finalises with every node on HTP (ONNX Runtime's CPU
 fallback disabled: a node HTP refuses fails the session), else the error and, from a
 session that allows the fallback, the nodes that ran on the CPU; the outputs of each case
-(OUT_DIR/<graph>-<arch>.npz) from the session that ran.
+(OUT_DIR/<graph>-<arch>.npz) from the session that ran; with "contexts", for each graph that
+finalised, its compiled HTP context (OUT_DIR/<graph>.htp<arch>.onnx, an EPContext model),
+reloaded and run on every case.
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ def _qnn_devices() -> list:
 
 
 def _session(path: str, devices: list, arch: str, soc: str, *, fallback: bool,
-             profile: str | None = None) -> ort.InferenceSession:
+             profile: str | None = None, context: str | None = None) -> ort.InferenceSession:
+    """`context`: also write the compiled HTP context there (ONNX Runtime's EPContext model,
+    the context binary embedded), which a phone loads without compiling."""
     so = ort.SessionOptions()
     so.log_severity_level = 3
     # offload_graph_io_quantization 0: the graph's input Q and output DQ run on HTP too
@@ -52,6 +56,10 @@ def _session(path: str, devices: list, arch: str, soc: str, *, fallback: bool,
                                               "soc_model": soc,
                                               "offload_graph_io_quantization": "0"})
     so.add_session_config_entry("session.disable_cpu_ep_fallback", "0" if fallback else "1")
+    if context:
+        for key, value in (("ep.context_enable", "1"), ("ep.context_file_path", context),
+                           ("ep.context_embed_mode", "1")):
+            so.add_session_config_entry(key, value)
     if profile:
         so.enable_profiling = True
         so.profile_file_prefix = profile
@@ -66,6 +74,23 @@ def _placement(session: ort.InferenceSession) -> tuple[int, list[dict[str, str]]
     cpu = {(e["args"].get("op_name", "?"), e["name"].removesuffix("_kernel_time"))
            for e in nodes if e["args"]["provider"] != QNN_EP}
     return len(qnn), [{"op": op, "node": name} for op, name in sorted(cpu)]
+
+
+def _context(path: str, devices: list, arch: str, soc: str, inputs: dict, outs: dict,
+             dst: Path) -> dict:
+    """Compile `path` into an EPContext model at `dst`, load that (no compiling, CPU fallback
+    disabled) and run every case: {file, max_abs: its largest difference to the outputs of
+    the session that compiled the graph}, or {error}."""
+    try:
+        _session(path, devices, arch, soc, fallback=False, context=str(dst))
+        loaded = _session(str(dst), devices, arch, soc, fallback=False)
+        name = loaded.get_inputs()[0].name
+        worst = max(float(np.abs(a.astype(np.float64) - b).max())
+                    for k, x in inputs.items()
+                    for a, b in zip(loaded.run(None, {name: x}), outs[k]))
+        return {"file": str(dst), "max_abs": worst}
+    except Exception as e:
+        return {"error": " ".join(str(e).split())[:600]}
 
 
 def run(request: dict, out: Path) -> list[dict]:
@@ -106,6 +131,9 @@ def run(request: dict, out: Path) -> list[dict]:
                                   for n, v in zip(names, vs)})
                 row["outputs"] = str(path)
                 row["providers"] = ran.get_providers()
+                if session is not None and request.get("contexts"):
+                    row["context"] = _context(graph["file"], devices, arch, soc, inputs, outs,
+                                              out / f"{Path(graph['file']).stem}.htp{arch}.onnx")
             row["seconds"] = round(time.perf_counter() - start, 2)
             results.append(row)
     return results
