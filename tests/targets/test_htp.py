@@ -29,10 +29,11 @@ def qnn_python() -> Path:
     return QNN_PYTHON
 
 
-def _npu_bundle(out: Path) -> Path:
+def _npu_bundle(out: Path, *target_flags: str) -> Path:
     for args in (["export", "--checkpoint", DIGITS, "--out", out],
                  ["quantize", out, "--precision", "int8-static"],
-                 ["target", out, "--target", "npu", "--buckets", "32", "--calib", "digits"]):
+                 ["target", out, "--target", "npu", "--buckets", "32", "--calib", "digits",
+                  *target_flags]):
         r = CliRunner().invoke(main, [str(a) for a in args])
         assert r.exit_code == 0, r.output
     return out
@@ -125,3 +126,20 @@ def test_compiled_contexts_are_written_reloaded_and_hashed_in_the_manifest(npu_b
     assert [a for a, _ in graph.contexts] == ["73", "75"]
     assert set(load_manifest(bundle).files) - before == {
         f"targets/npu/32x32.b1.int8-static.htp{a}.onnx" for a in ("73", "75")}
+
+
+def test_w8a16_graph_runs_wholly_on_htp_with_uint16_activations(tmp_path, qnn_python):
+    """16-bit activations, int8 weights: how Qualcomm's NPUs run ViTs."""
+    bundle = _npu_bundle(tmp_path / "w8a16", "--activations", "16")
+    target = load_manifest(bundle).targets["npu"]
+    assert target.record["activations"] == "uint16 (w8a16)"
+    graph = onnx.load(str(bundle / target.graphs[0].file))
+    quantise = [n for n in graph.graph.node if n.op_type == "QuantizeLinear"]
+    zero_points = {i.name: i.data_type for i in graph.graph.initializer}
+    assert quantise and {zero_points[n.input[2]] for n in quantise} == {onnx.TensorProto.UINT16}
+    [r] = htp.check_htp(bundle, python=qnn_python, archs={"73": "57"})
+    assert r.passed and not r.cpu_nodes, r.line()
+    assert all(c.cosine_min >= 0.99 for c in r.photos), r.photos
+    r = CliRunner().invoke(main, ["target", str(bundle), "--target", "cpu", "--buckets", "32",
+                                  "--activations", "16"])
+    assert r.exit_code == 2 and "16-bit activations are for the npu target" in r.output

@@ -27,9 +27,12 @@ from vit_deploy.runtime.contract import TARGETS
               "calibration images, a folder or 'digits'.")
 @click.option("--calib-samples", type=click.IntRange(1, 100_000), default=64, show_default=True,
               help="npu: calibration images used at most (1 to 100000).")
+@click.option("--activations", "activation_bits", type=click.Choice(["8", "16"]), default="8",
+              show_default=True, help="npu: activation bits of the int8-static graphs; 16 is "
+              "w8a16 (uint16 activations, int8 weights), as Qualcomm's NPUs run ViTs.")
 @quiet_option("nothing is printed on success; a failure is one line on stderr (exit 1)")
 def target(bundle: Path, target_name: str, buckets: str, batch: int, calib: str | None,
-           calib_samples: int, quiet: bool) -> None:
+           calib_samples: int, quiet: bool, activation_bits: str = "8") -> None:
     """Add an edge target to BUNDLE: per bucket a fixed-shape graph per precision.
 
     Each graph is checked against PyTorch (the bundle's weights) at exactly its size; one
@@ -47,8 +50,12 @@ def target(bundle: Path, target_name: str, buckets: str, batch: int, calib: str 
         sizes = parse_buckets(buckets)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--buckets") from None
+    if activation_bits == "16" and target_name != "npu":
+        raise click.BadParameter(f"16-bit activations are for the npu target's int8-static "
+                                 f"graphs, not --target {target_name}",
+                                 param_hint="--activations")
     options = TargetOptions(target=target_name, buckets=sizes, batch=batch, calibration=calib,
-                            calibration_samples=calib_samples)
+                            calibration_samples=calib_samples, activation_bits=int(activation_bits))
     with steps(quiet=quiet, title="target") as progress:
         report = add_target(bundle, options, progress=progress)
     if quiet:

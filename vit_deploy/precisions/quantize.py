@@ -61,6 +61,9 @@ class QuantOptions:
     # folded into the graph before quantising; its statistics come from the calibration
     # images. None: no smoothing.
     smooth: float | None = None
+    # int8-static: 16 quantises the activations to uint16 (w8a16, as Qualcomm's NPUs run
+    # ViTs; QDQ in the com.microsoft domain below opset 21), the weights staying int8
+    activation_bits: int = 8
 
     @property
     def reduce_range(self) -> bool:
@@ -73,6 +76,8 @@ class QuantOptions:
                              f"{self.calibration!r}")
         if self.cpu not in INT8_CPUS:
             raise ValueError(f"int8 CPU must be one of {INT8_CPUS}, got {self.cpu!r}")
+        if self.activation_bits not in (8, 16):
+            raise ValueError(f"activation bits must be 8 or 16, got {self.activation_bits!r}")
         if self.smooth is not None and not (isinstance(self.smooth, (int, float))
                                             and 0.0 <= self.smooth <= 1.0):
             raise ValueError(f"smoothing alpha must be a number within [0, 1], got "
@@ -185,7 +190,8 @@ def quantize_model(src: str | Path, dst: str | Path, *, precision: str,
                 raise ValueError("int8-static needs calibration images (--calib)")
             _int8_static(src_tmp, out_tmp, list(chosen.values()), options, calibration,
                          progress)
-            recipe.update(weights=_weights_text(options), activations="int8",
+            recipe.update(weights=_weights_text(options),
+                          activations="uint16" if options.activation_bits == 16 else "int8",
                           cpu_needs=REQUIREMENT_TEXT[options.cpu], quantised_outputs=False,
                           calibration_images=int(sum(len(c) for c in calibration)))
         elif precision == "int4":
@@ -312,13 +318,15 @@ def _int8_static(src: Path, dst: Path, nodes: list[str], options: QuantOptions,
     # DequantizeLinear + fp32 MatMul, dequantising their weights on every run: 3.7x slower
     # than dynamic int8 (docs/cpu-speed.md).
     extra: dict[str, Any] = {"MatMulConstBOnly": True,
-                             "OpTypesToExcludeOutputQuantization": ["MatMul"]}
+                             "OpTypesToExcludeOutputQuantization": ["MatMul"],
+                             "UseQDQContribOps": options.activation_bits == 16}
     with tempfile.TemporaryDirectory() as tmp, _quiet_quantizer():
         cache = write_cache(ranges, Path(tmp) / "ranges.json")
         quantize_static(str(src), str(dst), None, quant_format=QuantFormat.QDQ,
                         op_types_to_quantize=["MatMul", "Gemm"], nodes_to_quantize=nodes,
                         per_channel=options.per_channel, reduce_range=options.reduce_range,
-                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                        activation_type=(QuantType.QUInt16 if options.activation_bits == 16
+                                         else QuantType.QInt8), weight_type=QuantType.QInt8,
                         calibrate_method=CalibrationMethod.MinMax, extra_options=extra,
                         calibration_cache_path=str(cache))
 

@@ -77,10 +77,16 @@ class TargetOptions:
     policy: str = "aspect-then-area"
     calibration: str | None = None  # int8-static: a folder of images, or 'digits'
     calibration_samples: int = 64
+    activation_bits: int = 8  # npu: 16 for w8a16 (uint16 activations, int8 weights)
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
             raise ValueError(f"target must be one of {list(TARGETS)}, got {self.target!r}")
+        if self.activation_bits not in (8, 16) or (self.activation_bits == 16
+                                                   and self.target != "npu"):
+            raise ValueError(f"activation bits: 8, or 16 for the npu target's int8-static "
+                             f"graphs (w8a16), got {self.activation_bits!r} for target "
+                             f"{self.target}")
         if not self.buckets or len(self.buckets) > MAX_BUCKETS:
             raise ValueError(f"give 1 to {MAX_BUCKETS} buckets, got {len(self.buckets)}")
         if len(set(self.buckets)) != len(self.buckets):
@@ -154,6 +160,9 @@ def _add_target(bundle: Path, options: TargetOptions, log: Progress) -> TargetRe
                     quant = _quant_options(manifest, precision, fp32)
                     if options.target == "npu":
                         record["linear_layers"] = "Gemm (2-D), as HTP takes per-channel weights"
+                        quant = replace(quant, activation_bits=options.activation_bits)
+                        record["activations"] = {8: "int8 (w8a8)", 16: "uint16 (w8a16)"}[
+                            options.activation_bits]
                     if options.target == "npu" and not NPU_WEIGHTS_PER_CHANNEL:
                         quant = replace(quant, per_channel=False)
                         record["weights"] = "int8 per tensor (HTP's MatMul: targets/htp.py)"
