@@ -20,7 +20,8 @@ the report warns when it fell short.
 Engines: `torch` (eager fp32 from the bundle's weights), `ort:PRECISION` (the bundle's
 file through `ViTSession`, the runtime users embed; provider reported),
 `runtime-openvino:PRECISION` and `runtime-openvino-dynamic:PRECISION` (the same runtime on its
-OpenVINO engine: compiled per input shape, or one model with dynamic batch and grid), `ort-file:NAME`
+OpenVINO engine: compiled per input shape, or one model with dynamic batch and grid),
+`runtime-openvino-bf16:PRECISION` (per shape, RuntimeOptions.float_precision bf16), `ort-file:NAME`
 (a graph given with `--graph NAME=path`, e.g. a lever under test), `openvino:fp32`,
 `openvino:bf16`, `openvino:int8-static`, `openvino:int8-static-f32` (OpenVINO on our own
 files, static shape, LATENCY hint, same threads; `fp32` and `-f32` pin OpenVINO's inference
@@ -111,12 +112,13 @@ def _load_engine(engine: str, bundle: Path, graphs: dict[str, str], batch: int, 
             with torch.inference_mode():
                 return model(torch.from_numpy(x))
         return run, f"PyTorch {torch.__version__} eager, {torch.get_num_threads()} threads"
-    if kind in ("runtime-openvino", "runtime-openvino-dynamic"):
+    if kind in ("runtime-openvino", "runtime-openvino-dynamic", "runtime-openvino-bf16"):
         from vit_deploy.runtime import RuntimeOptions, ViTSession
 
-        static = kind == "runtime-openvino"
+        static = kind != "runtime-openvino-dynamic"
         s = ViTSession(bundle, precision=name, provider="openvino", options=RuntimeOptions(
-            verify=False, threads=threads, static_shapes=static))
+            verify=False, threads=threads, static_shapes=static,
+            float_precision="bf16" if kind == "runtime-openvino-bf16" else "f32"))
         engine_session = s._session
         return s.run, (f"vit-deploy's OpenVINO engine ({s.providers[0]}), "
                        f"{'compiled per shape' if static else 'one dynamic model'}, "
@@ -205,7 +207,8 @@ def _spawn(args: argparse.Namespace, engine: str, h: int, w: int, batch: int) ->
 
 def _available(engine: str) -> str | None:
     """Why an engine cannot run here (None: it can)."""
-    if engine.split(":")[0] in ("openvino", "runtime-openvino", "runtime-openvino-dynamic"):
+    if engine.split(":")[0] in ("openvino", "runtime-openvino", "runtime-openvino-dynamic",
+                                "runtime-openvino-bf16"):
         import importlib.util
 
         if importlib.util.find_spec("openvino") is None:

@@ -220,3 +220,31 @@ def test_serve_answers_from_openvino(bundle):
     assert r.status_code == 200, r.text
     assert r.json()["provider"] == "OpenVINO:CPU" and health["providers"] == ["OpenVINO:CPU"]
     assert [t["index"] for t in r.json()["top"]] == [c.index for c in expected.top]
+
+
+@needs_openvino
+def test_bf16_runs_where_the_cpu_has_it_and_is_refused_elsewhere(bundle):
+    """float_precision bf16: OpenVINO's CPU device runs what is not int8 in bf16 where it
+    lists BF16 among its capabilities (AMX or AVX-512 BF16), and is refused where it does not;
+    ONNX Runtime's providers refuse it (never a silently other precision)."""
+    import openvino as ov
+
+    x = sample_inputs((24, 40), 2, seed=3)
+    options = RuntimeOptions(float_precision="bf16")
+    if "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+        with ViTSession(bundle, provider="openvino", precision="int8-static",
+                        options=options) as bf16, \
+                ViTSession(bundle, provider="openvino", precision="int8-static") as f32:
+            assert bf16._session.config["INFERENCE_PRECISION_HINT"] == "bf16"
+            assert f32._session.config["INFERENCE_PRECISION_HINT"] == "f32"
+            a, b = bf16.run(x).ravel(), f32.run(x).ravel()
+            assert not np.array_equal(a, b)  # another precision did run
+            assert a @ b / np.linalg.norm(a) / np.linalg.norm(b) > 0.99
+    else:
+        with pytest.raises(ProviderError) as e:  # compiled in f32, or not compiled at all
+            ViTSession(bundle, provider="openvino", options=options)
+        assert "compiled f32 for CPU" in str(e.value) or "could not compile" in str(e.value)
+    with pytest.raises(ProviderError, match="float_precision bf16 is OpenVINO's setting"):
+        ViTSession(bundle, provider="cpu", options=options)
+    with pytest.raises(ValueError, match="float_precision must be one of"):
+        RuntimeOptions(float_precision="fp8")

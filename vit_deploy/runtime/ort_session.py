@@ -31,6 +31,9 @@ OPTIMIZATION_LEVELS = {
 }
 
 
+FLOAT_PRECISIONS = ("f32", "bf16")  # RuntimeOptions.float_precision
+
+
 @dataclass(frozen=True, kw_only=True)
 class RuntimeOptions:
     """Session settings. The defaults are what measured fastest on CPU (docs/cpu-speed.md).
@@ -53,6 +56,10 @@ class RuntimeOptions:
     # OpenVINO: a model compiled for each input shape met (the last STATIC_SHAPES_KEPT kept)
     # instead of one dynamic model; None: the engine's choice (ov_session.py)
     static_shapes: bool | None = None
+    # OpenVINO: the precision of what is not int8. "bf16" on CPUs with AMX or AVX-512 BF16
+    # (measured on the trained DINOv2-S and real photographs: int8-static stays within the int8
+    # policy, docs/cpu-speed.md); "f32" as ONNX Runtime. ONNX Runtime's providers refuse bf16.
+    float_precision: str = "f32"
 
     def __post_init__(self) -> None:
         for name in ("cache_optimized", "io_binding", "verify", "reject_nonfinite",
@@ -65,6 +72,9 @@ class RuntimeOptions:
         require_arg("RuntimeOptions(device_id)", self.device_id, int, "a device index >= 0")
         if self.device_id < 0:
             raise ValueError(f"RuntimeOptions(device_id) must be >= 0, got {self.device_id}")
+        if self.float_precision not in FLOAT_PRECISIONS:
+            raise ValueError(f"float_precision must be one of {list(FLOAT_PRECISIONS)}, got "
+                             f"{self.float_precision!r}"[:200])
         if self.optimization not in OPTIMIZATION_LEVELS:
             raise ValueError(f"optimization must be one of {list(OPTIMIZATION_LEVELS)}, got "
                              f"{self.optimization!r}")
@@ -121,6 +131,11 @@ def _create_session(path: Path, requested: list[Provider], options: RuntimeOptio
     one (warning, with ONNX Runtime's reason, when that is not the first asked for), and is
     a ProviderError only when none of them is. `fallback` also allows what ORT falls back
     to (its CPU provider) when none of them is."""
+    if options.float_precision != "f32":  # never a silently other precision
+        raise ProviderError(f"float_precision {options.float_precision} is OpenVINO's setting "
+                            f"(provider openvino); ONNX Runtime's providers "
+                            f"{[short_name(p.name) for p in requested]} run what is not int8 "
+                            f"in float32")
     listed = available()
     missing = [p.name for p in requested if p.name not in listed]
     usable = [p for p in requested if p.name in listed]

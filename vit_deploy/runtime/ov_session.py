@@ -8,8 +8,9 @@ model serves every size; on the CPU device (RuntimeOptions.static_shapes) a mode
 to each input shape met is compiled on first use and kept (the last STATIC_SHAPES_KEPT),
 which OpenVINO's CPU plugin runs faster (measured: docs/cpu-speed.md). It is compiled
 with the LATENCY hint, RuntimeOptions.threads as INFERENCE_NUM_THREADS, and its inference
-precision pinned to f32 (on CPUs with AMX it would otherwise run what is not int8 in bf16,
-outside the fp32 tolerance). OpenVINOSession offers the part of ort.InferenceSession that
+precision RuntimeOptions.float_precision: f32 by default (on CPUs with AMX it would otherwise
+run what is not int8 in bf16, outside the fp32 tolerance), bf16 where asked (refused where
+the device would not run it). OpenVINOSession offers the part of ort.InferenceSession that
 ViTSession and the bucket runner use (get_providers, get_inputs, get_outputs,
 get_modelmeta, run), so preprocessing, outputs, checks and results are the same code.
 
@@ -42,7 +43,7 @@ from vit_deploy.runtime.providers import (CPU, OPENVINO, OPENVINO_INSTALL, Provi
 
 # What OpenVINO is told at compile time, where the device takes it (_compile_config).
 PERFORMANCE_HINT = "LATENCY"  # one stream: a call runs on every thread, as ORT's does
-INFERENCE_PRECISION = "f32"  # what is not int8 runs in f32, as in ONNX Runtime
+# what is not int8 runs in RuntimeOptions.float_precision: f32 (as ONNX Runtime) by default
 # static_shapes (RuntimeOptions): how many shapes keep a model compiled for them, and the
 # choice per device where the options leave it to us (measured: docs/cpu-speed.md)
 STATIC_SHAPES_KEPT = 8
@@ -93,6 +94,11 @@ class OpenVINOSession:
                                 f"{_first_lines(str(e))}") from None
         self.device = device
         self.config = {k: _text(self._compiled.get_property(k)) for k in config}  # as set
+        ran = self.config.get("INFERENCE_PRECISION_HINT", "f32")
+        if ran != options.float_precision:  # never a silently other precision
+            raise ProviderError(f"provider {asked!r}: float_precision {options.float_precision}"
+                                f" asked for, but OpenVINO {self.version} compiled {ran} for "
+                                f"{device} (bf16 needs a CPU with AMX or AVX-512 BF16)")
         self._meta = ModelMeta(_metadata(model))
         # One compile per input shape (static_shapes): the dynamic model serves until then
         self.static_shapes = (STATIC_SHAPES_DEFAULT.get(device.split(".")[0], False)
@@ -186,7 +192,7 @@ def _compile_config(core: Any, device: str, options: RuntimeOptions) -> dict[str
     """The hint, the precision and the threads, each where `device` supports it (a GPU
     has no thread count; OpenVINO refuses a property its device does not know)."""
     wanted: dict[str, Any] = {"PERFORMANCE_HINT": PERFORMANCE_HINT,
-                              "INFERENCE_PRECISION_HINT": INFERENCE_PRECISION}
+                              "INFERENCE_PRECISION_HINT": options.float_precision}
     if options.threads is not None:
         wanted["INFERENCE_NUM_THREADS"] = options.threads
     supported = set(core.get_property(device, "SUPPORTED_PROPERTIES"))
