@@ -104,23 +104,28 @@ def run(request: dict, out: Path) -> list[dict]:
         for arch, soc in request["archs"]:
             row: dict = {"file": graph["file"], "htp_arch": arch, "soc_model": soc}
             start = time.perf_counter()
-            try:
-                session = _session(graph["file"], devices, arch, soc, fallback=False)
-                row.update(finalised=True, error=None)
-            except Exception as e:  # QNN's refusal: finalisation failed, or a node to the CPU
-                row.update(finalised=False, error=" ".join(str(e).split())[:600])
-                session = None
+            first = next(iter(inputs.values()))
             with tempfile.TemporaryDirectory() as tmp:
-                try:  # the placement (and outputs where HTP refused a node): fallback allowed
-                    profiled = _session(graph["file"], devices, arch, soc, fallback=True,
-                                        profile=os.path.join(tmp, "profile"))
-                    name = profiled.get_inputs()[0].name
-                    first = next(iter(inputs.values()))
-                    profiled.run(None, {name: first})
-                    row["htp_partitions"], row["cpu_nodes"] = _placement(profiled)
-                except Exception as e:
-                    profiled, row["htp_partitions"], row["cpu_nodes"] = None, 0, []
-                    row["error"] = row["error"] or " ".join(str(e).split())[:600]
+                profile = os.path.join(tmp, "profile")
+                profiled = None
+                try:  # the placement from its own profile: one compile where HTP takes all
+                    session = _session(graph["file"], devices, arch, soc, fallback=False,
+                                       profile=profile)
+                    row.update(finalised=True, error=None)
+                    session.run(None, {session.get_inputs()[0].name: first})
+                    row["htp_partitions"], row["cpu_nodes"] = _placement(session)
+                except Exception as e:  # QNN's refusal: finalisation failed, or a node to the CPU
+                    row.update(finalised=False, error=" ".join(str(e).split())[:600])
+                    session = None
+                if session is None:
+                    try:  # the placement (and outputs) where HTP refused: fallback allowed
+                        profiled = _session(graph["file"], devices, arch, soc, fallback=True,
+                                            profile=profile)
+                        profiled.run(None, {profiled.get_inputs()[0].name: first})
+                        row["htp_partitions"], row["cpu_nodes"] = _placement(profiled)
+                    except Exception as e:
+                        profiled, row["htp_partitions"], row["cpu_nodes"] = None, 0, []
+                        row["error"] = row["error"] or " ".join(str(e).split())[:600]
             ran = session or profiled
             if ran is not None:
                 name = ran.get_inputs()[0].name
