@@ -4,6 +4,7 @@ weights on 2-D Gemms) finalises on two HTP architectures with every node on HTP 
 PyTorch's golden references; per-channel weights on MatMuls are reported with the nodes HTP
 refused."""
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -61,15 +62,26 @@ def test_the_npu_graph_runs_wholly_on_htp_and_matches_pytorch(npu_bundle, qnn_py
     assert "weights" not in record and record["linear_layers"].startswith("Gemm")
 
 
-def test_a_bucket_the_references_left_out_is_judged_against_pytorch_here(npu_bundle,
-                                                                          qnn_python, monkeypatch):
+def test_a_bucket_the_references_left_out_is_judged_against_pytorch_here(
+        npu_bundle, qnn_python, monkeypatch, tmp_path):
     """Large outputs (DINOv2-S's patch tokens) can leave a bucket out of the references'
     size bound: PyTorch, rebuilt from the bundle's weights, makes its cases here."""
     real = htp.iter_references
     monkeypatch.setattr(htp, "iter_references", lambda *a: [
         (case, x, out) for case, x, out in real(*a) if case.target != "npu"])
-    [r] = htp.check_htp(npu_bundle, python=qnn_python, archs={"73": "57"})
-    assert r.passed and len(r.parity) == 1 and r.parity[0].cosine >= 0.99, r.line()
+    # through the check command: its report, a line per graph and architecture, and JSON
+    out = tmp_path / "htp.json"
+    r = CliRunner().invoke(main, ["check", str(npu_bundle), "--provider", "qnn-htp",
+                                  "--htp-arch", "73", "--htp-python", str(qnn_python),
+                                  "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith("PASS targets/npu/32x32.b1.int8-static.onnx htp_arch 73")
+    report = json.loads(out.read_text())
+    [graph] = report["graphs"]
+    assert report["provider"] == "qnn-htp" and graph["passed"] and graph["cpu_nodes"] == []
+    [case] = graph["parity"]  # PyTorch's, made here: one case of two graph batches
+    assert case["passed"] and case["cosine"] >= 0.99 and case["provider"] == "qnn-htp 73"
+    assert [p["output"] for p in graph["photos"]] == ["logits"]
 
 
 def test_per_channel_matmul_weights_are_reported_as_the_nodes_htp_refused(
@@ -88,12 +100,14 @@ def test_per_channel_matmul_weights_are_reported_as_the_nodes_htp_refused(
 
 
 def test_bad_input_is_one_line_and_exit_2(npu_bundle, tmp_path, capsys, qnn_python):
-    with pytest.raises(SystemExit) as e:
-        htp.main([str(npu_bundle), "--arch", "71"])
-    assert e.value.code == 2 and "--arch: expected HTP architectures" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as e:
-        htp.main([str(npu_bundle), "--python", str(tmp_path / "nope")])
-    assert e.value.code == 2 and "is not a file" in capsys.readouterr().err
+    assert htp.main([str(npu_bundle), "--arch", "71"]) == 2
+    assert "expected HTP architectures of ['73', '75', '79'], got '71'" in capsys.readouterr().err
+    assert htp.main([str(npu_bundle), "--python", str(tmp_path / "nope")]) == 2
+    assert "is not a file" in capsys.readouterr().err
+    for args, said in ((["--provider", "cpu,qnn-htp"], "check it apart from cpu"),
+                       (["--provider", "qnn-htp", "--htp-arch", "68"], "got '68'")):
+        r = CliRunner().invoke(main, ["check", str(npu_bundle), *args])
+        assert r.exit_code == 2 and said in r.output and "Traceback" not in r.output, r.output
     # a Python without onnxruntime-qnn, and a program that is no Python: one line each
     assert htp.main([str(npu_bundle), "--python", sys.executable]) == 2
     assert "onnxruntime-qnn is not installed in" in capsys.readouterr().err

@@ -172,8 +172,8 @@ def linears_as_gemm(proto: onnx.ModelProto) -> int:
     (rows, K), Gemm(W' (N, K), b, transB=1), Reshape back, in place: the same products and
     sums. Qualcomm's HTP takes per-channel int8 weights on a Gemm (its FullyConnected), not
     on a MatMul (measured: targets/htp.py, docs/edge-targets.md). The Gemm keeps the
-    MatMul's node name, so the map of linear layers (finalize) still holds. Needs static
-    shapes; returns how many layers were rewritten."""
+    MatMul's node name, so the map of linear layers (finalize) still holds, and its own bias
+    tensor. Needs static shapes; returns how many layers were rewritten."""
     from onnx import helper, numpy_helper
 
     from vit_deploy.runtime.contract import METADATA_LINEARS_KEY
@@ -204,7 +204,13 @@ def linears_as_gemm(proto: onnx.ModelProto) -> int:
         if len(after) == 1 and after[0].op_type == "Add":
             other = next(i for i in after[0].input if i != out)
             if other in inits and list(inits[other].dims) == [n]:
-                out, bias = after[0].output[0], [other]
+                # the Gemm's own copy: an exporter may share one zero tensor between biases
+                # and LayerNorms, and the quantiser's DequantizeLinear of a bias would then
+                # feed the LayerNorms too (on HTP, 25 int32 DequantizeLinear on the CPU)
+                own = numpy_helper.from_array(numpy_helper.to_array(inits[other]),
+                                              f"{node.name}_bias")
+                graph.initializer.append(own)
+                out, bias = after[0].output[0], [own.name]
                 folded.add(id(after[0]))
         w_t = numpy_helper.from_array(np.ascontiguousarray(numpy_helper.to_array(weight).T),
                                       f"{weight.name}_nk")

@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,13 @@ class HTPGraph:
         return (self.finalised and not self.cpu_nodes and bool(self.parity) and bool(self.photos)
                 and all(c.passed for c in [*self.parity, *self.photos]))
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "htp_arch": self.htp_arch, "soc_model": self.soc_model,
+                "passed": self.passed, "finalised": self.finalised, "error": self.error,
+                "htp_partitions": self.htp_partitions, "cpu_nodes": self.cpu_nodes,
+                "parity": [asdict(c) | {"label": c.label} for c in self.parity],
+                "photos": [c.to_dict() for c in self.photos], "context": self.context}
+
     def line(self) -> str:
         where = ("every node on HTP" if self.finalised and not self.cpu_nodes else
                  f"{len(self.cpu_nodes)} node(s) on the CPU: "
@@ -75,6 +82,35 @@ class HTPGraph:
                 + ("" if self.context is None else "; compiled context: " + (
                     self.context["error"] if "error" in self.context else
                     f"reloaded, max|Δ| {self.context['max_abs']:.1e} to the compiling session")))
+
+
+def qnn_python(given: str | Path | None = None) -> Path:
+    """The Python that runs the HTP runner: `given`; else this one where onnxruntime-qnn
+    imports here; else the project's .venv-qnn (make setup). A clear error where none is."""
+    import importlib.util
+
+    if given is not None:
+        if not Path(given).is_file():
+            raise ValueError(f"expected a Python with {QNN_PACKAGE}, got {str(given)!r}, which "
+                             f"is not a file")
+        return Path(given)
+    if importlib.util.find_spec("onnxruntime_qnn") is not None:
+        return Path(sys.executable)
+    local = Path(".venv-qnn/bin/python")
+    if local.is_file():
+        return local
+    raise ValueError(f"no Python with {QNN_PACKAGE} found (not this one, no .venv-qnn here): "
+                     f"give one (--htp-python), e.g. a venv with pip install {QNN_PACKAGE}, "
+                     f"kept apart from onnxruntime-gpu")
+
+
+def parse_archs(text: str) -> dict[str, str]:
+    """'73,75' -> {htp_arch: soc_model}; a clear error naming the known ones."""
+    given = [a.strip() for a in text.split(",") if a.strip()]
+    unknown = [a for a in given if a not in HTP_ARCHS]
+    if unknown or not given:
+        raise ValueError(f"expected HTP architectures of {sorted(HTP_ARCHS)}, got {text!r}")
+    return {a: HTP_ARCHS[a] for a in given}
 
 
 def check_htp(bundle: str | Path, *, python: str | Path, archs: dict[str, str] | None = None,
@@ -243,29 +279,24 @@ def _judged(row: dict[str, Any], graphs: Any, cases: dict[tuple[int, int], list]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m vit_deploy.targets.htp BUNDLE [--python .venv-qnn/bin/python] [--arch 73,75]"""
+    """python -m vit_deploy.targets.htp BUNDLE [--python PY] [--arch 73,75] [--contexts]
+    (vit-deploy check BUNDLE --provider qnn-htp is the same check)"""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m vit_deploy.targets.htp", description=main.__doc__)
     p.add_argument("bundle")
-    p.add_argument("--python", default=".venv-qnn/bin/python",
-                   help=f"a Python with {QNN_PACKAGE} (make setup makes .venv-qnn)")
+    p.add_argument("--python", default=None,
+                   help=f"a Python with {QNN_PACKAGE} (default: this one where it imports, "
+                        f"else .venv-qnn, which make setup makes)")
     p.add_argument("--arch", default=",".join(HTP_ARCHS),
                    help=f"HTP architectures, of {sorted(HTP_ARCHS)}")
     p.add_argument("--contexts", action="store_true",
                    help="write each passing graph's compiled HTP context (EPContext model) "
                         "into the bundle")
     args = p.parse_args(argv)
-    unknown = [a for a in args.arch.split(",") if a not in HTP_ARCHS]
-    if unknown:
-        p.error(f"--arch: expected HTP architectures of {sorted(HTP_ARCHS)}, got {unknown}")
-    if not Path(args.python).is_file():
-        p.error(f"--python: {args.python!r} is not a file; make setup makes .venv-qnn with "
-                f"{QNN_PACKAGE}")
     try:
-        results = check_htp(args.bundle, python=args.python,
-                            archs={a: HTP_ARCHS[a] for a in args.arch.split(",")},
-                            contexts=args.contexts)
+        archs, python = parse_archs(args.arch), qnn_python(args.python)
+        results = check_htp(args.bundle, python=python, archs=archs, contexts=args.contexts)
     except (ValueError, RuntimeError, OSError) as e:
         print(f"Error: {e}", file=sys.stderr)
         return 2
