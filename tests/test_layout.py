@@ -213,7 +213,8 @@ LAYERS: dict[str, set[str]] = {
     "serve": KIT | {"triton"},
     "ray": KIT | {"triton", "serve"},
 }
-TOOL_ARROWS = {("bench", "reports"), ("check", "reports"), ("targets", "precisions"),
+TOOL_ARROWS = {("bench", "reports"), ("bench", "precisions"), ("check", "reports"),
+               ("targets", "precisions"),
                ("targets", "info"), ("sweep", "precisions"), ("precisions", "check")}
 
 

@@ -58,6 +58,25 @@ def test_case_statistics_from_known_latencies():
                                           "runs": 10, "images_per_s": 4 / 0.055})
 
 
+def test_another_float_precision_is_recommended_only_where_judged_and_passed():
+    from vit_deploy.bench.report import BenchReport, CaseResult, recommend
+
+    def report(judged):
+        f32 = CaseResult("openvino", "openvino", "int8-static", (224, 224), 1, 2,
+                         latencies_ms=[30.0] * 3)
+        bf16 = CaseResult("openvino", "openvino", "int8-static", (224, 224), 1, 2,
+                          latencies_ms=[20.0] * 3, float_precision="bf16", judged=judged)
+        return BenchReport("b", {}, {}, [f32, bf16])
+
+    faster = recommend(report({"passed": True}), 100.0)
+    assert (faster["float_precision"], faster["p90_ms"]) == ("bf16", 20.0)
+    for judged in (None, {"passed": False}):  # not judged, or outside the policy
+        assert recommend(report(judged), 100.0)["float_precision"] == "f32"
+    back = BenchReport.from_json(report({"passed": True, "cosine_min": 0.997}).to_json())
+    assert back.cases[1].configuration == "int8-static +bf16"
+    assert back.cases[1].judged == {"passed": True, "cosine_min": 0.997}
+
+
 def test_thread_scaling_is_the_best_one_thread_time_over_the_best_n_thread_time():
     """A scripted clock: one thread's runs take 4, 3, 5 s, two threads' 2, 1.5, 3 s."""
     from vit_deploy.reports.machine import thread_scaling

@@ -195,6 +195,44 @@ def test_bench_rows_name_the_engine(bundle):
 
 
 @needs_openvino
+def test_bench_measures_bf16_and_offers_it_only_where_it_holds_on_photographs(bundle, tmp_path):
+    """bench --float-precision f32,bf16: each bf16 case is judged on the shipped photographs
+    against fp32 by its precision's policy; the budget and the recommendation take it only
+    where it passed. ONNX Runtime reports bf16 unavailable; so does a CPU without bf16."""
+    import openvino as ov
+
+    out = tmp_path / "bench.json"
+    r = CliRunner().invoke(main, ["bench", str(bundle), "--provider", "cpu,openvino",
+                                  "--precision", "fp32,int8-static", "--float-precision",
+                                  "f32,bf16", "--res", "24x40", "--runs", "2", "--warmup", "0",
+                                  "--sessions", "1", "--budget-ms", "100000", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    report = json.loads(out.read_text())
+    cases = {(c["requested"], c["precision"], c["float_precision"]): c for c in report["cases"]}
+    assert len(cases) == 8
+    for precision in ("fp32", "int8-static"):
+        assert cases["cpu", precision, "bf16"]["status"].startswith(
+            "unavailable: float_precision bf16 is OpenVINO's setting")
+        assert cases["cpu", precision, "f32"]["judged"] is None  # f32: judged when added
+    budget = {(b["provider"], b["precision"], b["float_precision"]) for b in report["budget"]}
+    if "BF16" not in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+        assert all(cases["openvino", p, "bf16"]["status"].startswith("unavailable")
+                   for p in ("fp32", "int8-static"))
+        assert budget == {(e, p, "f32") for e in ("cpu", "openvino")
+                          for p in ("fp32", "int8-static")}
+        return
+    for precision, floor in (("fp32", 0.99999), ("int8-static", 0.99)):
+        case = cases["openvino", precision, "bf16"]
+        judged = case["judged"]
+        assert "photographs shipped with vit-deploy" in judged["on"] and judged["floor"] == floor
+        assert judged["passed"] == (judged["cosine_min"] >= floor), judged
+        assert (("openvino", precision, "bf16") in budget) == judged["passed"]
+        assert ("not offered" in case["status"]) == (not judged["passed"]), case["status"]
+    # int8 with bf16 for the rest holds the int8 policy on the photographs
+    assert cases["openvino", "int8-static", "bf16"]["judged"]["passed"]
+
+
+@needs_openvino
 def test_predict_and_providers_commands(bundle):
     r = CliRunner().invoke(main, ["predict", str(bundle), PHOTO, "--provider", "openvino,cpu",
                                   "--threads", "1", "--json"])

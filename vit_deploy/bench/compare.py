@@ -85,7 +85,7 @@ def bench_column(name: str, report: BenchReport) -> Column:
                     f"{env.get('cpu') or 'unknown CPU'} ({env.get('cores') or '?'} cores); GPU "
                     f"{env.get('gpu') or 'none'}; onnxruntime {env.get('onnxruntime') or '?'}")
     for c in report.cases:
-        precision = c.precision + ("" if c.graph == "dynamic" else f" [{c.graph}]")
+        precision = c.configuration + ("" if c.graph == "dynamic" else f" [{c.graph}]")
         s = c.stats()
         column.cells[(c.requested, precision, c.resolution, c.batch, c.threads)] = Cell(
             ran=c.provider, p50_ms=s.get("p50_ms"), p90_ms=s.get("p90_ms"), status=c.status)

@@ -39,6 +39,17 @@ class CaseResult:
     floor_ms: float | None = None
     # The statistics of a report read back (BenchReport.from_json): latencies are not saved.
     saved_stats: dict[str, float] = field(repr=False, default_factory=dict)
+    # what is not int8 ran in (RuntimeOptions.float_precision: bf16 on OpenVINO's engine)
+    float_precision: str = "f32"
+    # another float precision, judged on real photographs (bench/run.py: _judge_on_photos):
+    # {on, output, cosine_min, floor, passed}; recommended only where it passed
+    judged: dict[str, Any] | None = None
+
+    @property
+    def configuration(self) -> str:
+        """The precision as it ran: the file's, and the float precision where not f32."""
+        return self.precision + ("" if self.float_precision == "f32"
+                                 else f" +{self.float_precision}")
 
     def stats(self) -> dict[str, float]:
         a = np.asarray(self.latencies_ms)
@@ -97,6 +108,7 @@ class BenchReport:
             if s.get("p50_ms") is None:
                 continue
             rows.append({"provider": c.provider, "precision": c.precision,
+                         "float_precision": c.float_precision,
                          "resolution": list(c.resolution), "batch": c.batch,
                          "p50_ms": s["p50_ms"], "p90_ms": s.get("p90_ms"),
                          "runs": int(s.get("runs") or 0), "threads": c.threads,
@@ -179,7 +191,7 @@ def format_table(report: BenchReport) -> list[list[str]]:
 
 
 def _precision_label(c: CaseResult) -> str:
-    return c.precision if c.graph == "dynamic" else f"{c.precision} ({c.graph})"
+    return c.configuration if c.graph == "dynamic" else f"{c.configuration} ({c.graph})"
 
 
 TABLE_HEADER = ["asked", "ran on", "precision", "res", "batch", "threads", "p50 ms", "p90 ms",
@@ -187,23 +199,25 @@ TABLE_HEADER = ["asked", "ran on", "precision", "res", "batch", "threads", "p50 
 
 
 def within_budget(report: BenchReport, budget_ms: float) -> list[dict[str, Any]]:
-    """Per (provider that ran, precision): the largest resolution whose p90 at batch 1 stays
-    under the budget. The user's real question: what fits my latency budget here?"""
-    best: dict[tuple[str, str], CaseResult] = {}
-    for c in report.cases:
-        s = c.stats()
-        if c.batch != 1 or not s or s["p90_ms"] > budget_ms:
+    """Per (provider that ran, precision, float precision) offered: the largest resolution
+    whose p90 at batch 1 stays under the budget. The user's real question: what fits my
+    latency budget here? Another float precision than f32 is offered only where it was
+    judged on the photographs and passed (bench/run.py)."""
+    best: dict[tuple[str, str, str], CaseResult] = {}
+    offered = [c for c in report.cases if c.stats() and (
+        c.float_precision == "f32" or (c.judged or {}).get("passed"))]
+    for c in offered:
+        if c.batch != 1 or c.stats()["p90_ms"] > budget_ms:
             continue
-        key = (c.provider, c.precision)
+        key = (c.provider, c.precision, c.float_precision)
         area = c.resolution[0] * c.resolution[1]
         if key not in best or area > best[key].resolution[0] * best[key].resolution[1]:
             best[key] = c
     out = []
-    for (provider, precision) in dict.fromkeys((c.provider, c.precision) for c in report.cases
-                                               if c.stats()):
-        c = best.get((provider, precision))
-        out.append({"provider": provider, "precision": precision, "budget_ms": budget_ms,
-                    "resolution": list(c.resolution) if c else None,
+    for key in dict.fromkeys((c.provider, c.precision, c.float_precision) for c in offered):
+        c = best.get(key)
+        out.append({"provider": key[0], "precision": key[1], "float_precision": key[2],
+                    "budget_ms": budget_ms, "resolution": list(c.resolution) if c else None,
                     "p90_ms": c.stats()["p90_ms"] if c else None})
     return out
 
@@ -211,13 +225,20 @@ def within_budget(report: BenchReport, budget_ms: float) -> list[dict[str, Any]]
 def recommend(report: BenchReport, budget_ms: float) -> dict[str, Any] | None:
     """The engine x precision x resolution to deploy under the budget: the largest
     resolution any of them keeps within it (p90, batch 1), and among those the fastest. Every
-    precision a bundle holds passed its check when it was added, so each is a candidate."""
+    precision a bundle holds passed its check when it was added, so each is a candidate; a
+    float precision other than f32 only where bench judged it and it passed."""
     fits = [b for b in within_budget(report, budget_ms) if b["resolution"]]
     if not fits:
         return None
     best = max(fits, key=lambda b: (b["resolution"][0] * b["resolution"][1], -b["p90_ms"]))
-    return {"provider": best["provider"], "precision": best["precision"],
-            "resolution": best["resolution"], "p90_ms": best["p90_ms"], "budget_ms": budget_ms}
+    return {k: best[k] for k in ("provider", "precision", "float_precision", "resolution",
+                                 "p90_ms", "budget_ms")}
+
+
+def _configuration(b: dict[str, Any]) -> str:
+    fp = b.get("float_precision", "f32")
+    return b["precision"] + ("" if fp == "f32" else
+                             f" with {fp} for the rest (RuntimeOptions(float_precision={fp!r}))")
 
 
 def budget_lines(report: BenchReport, budget_ms: float) -> list[str]:
@@ -227,9 +248,9 @@ def budget_lines(report: BenchReport, budget_ms: float) -> list[str]:
         fits = (f"up to {format_resolution(tuple(b['resolution']))} (p90 {b['p90_ms']:.1f} ms)"
                 if b["resolution"] else "no measured resolution")
         lines.append(f"within {budget_ms:g} ms p90 at batch 1 on {b['provider']} "
-                     f"{b['precision']}: {fits}")
+                     f"{_configuration(b)}: {fits}")
     best = recommend(report, budget_ms)
-    lines.append(f"recommended within {budget_ms:g} ms: {best['provider']} {best['precision']} "
+    lines.append(f"recommended within {budget_ms:g} ms: {best['provider']} {_configuration(best)} "
                  f"at {format_resolution(tuple(best['resolution']))} (p90 {best['p90_ms']:.1f} "
                  f"ms; the largest size that fits, then the fastest)" if best else
                  f"recommended within {budget_ms:g} ms: nothing measured fits")
@@ -252,7 +273,7 @@ def plot(report: BenchReport, path: str | Path) -> Path:
         if not s:
             continue
         tokens = (c.resolution[0] // patch) * (c.resolution[1] // patch)
-        series.setdefault((c.provider, c.precision, c.batch), []).append(
+        series.setdefault((c.provider, c.configuration, c.batch), []).append(
             (tokens, s["p50_ms"], f"{c.resolution[0]}x{c.resolution[1]}"))
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     for (provider, precision, batch), points in sorted(series.items()):
@@ -343,8 +364,12 @@ def _report_from_dict(data: Any, source: str) -> BenchReport:
         need(count(c.get("batch")), f"{at} 'batch'", "a positive integer", c.get("batch"))
         need(c.get("threads") is None or count(c["threads"]), f"{at} 'threads'",
              "a positive integer or null", c.get("threads"))
-        need(isinstance(c.get("graph", "dynamic"), str), f"{at} 'graph'", "a string",
-             c.get("graph"))
+        for key in ("graph", "float_precision"):
+            need(isinstance(c.get(key, ""), str), f"{at} {key!r}", "a string", c.get(key))
+        judged = c.get("judged")
+        need(judged is None or (isinstance(judged, dict) and isinstance(judged.get("passed"),
+                                                                       bool)),
+             f"{at} 'judged'", "null or an object with 'passed'", judged)
         for key in (*STATS, "cold_start_ms", "memory_mb", "gpu_memory_mb", "ratio_to_torch",
                     "floor_ms"):
             need(c.get(key) is None or number(c[key]), f"{at} {key!r}", "a number or null",
@@ -359,7 +384,8 @@ def _report_from_dict(data: Any, source: str) -> BenchReport:
             cold_start_ms=float(c.get("cold_start_ms") or 0.0),
             memory_mb=float(c.get("memory_mb") or 0.0), gpu_memory_mb=c.get("gpu_memory_mb"),
             ratio_to_torch=c.get("ratio_to_torch"), graph=c.get("graph", "dynamic"),
-            floor_ms=c.get("floor_ms"),
+            floor_ms=c.get("floor_ms"), float_precision=c.get("float_precision", "f32"),
+            judged=judged,
             saved_stats={k: c[k] for k in STATS if c.get(k) is not None}))
     budget = data.get("budget")
     budget_ms = (budget[0].get("budget_ms") if isinstance(budget, list) and budget

@@ -24,7 +24,7 @@ from vit_deploy.reports.machine import environment, gpu_memory_mb, rss_mb, threa
 from vit_deploy.bench.report import BenchReport, CaseResult
 from vit_deploy.runtime.manifest import load_manifest
 from vit_deploy.runtime.providers import CPU, OPENVINO, parse_providers, short_name
-from vit_deploy.runtime.ort_session import RuntimeOptions
+from vit_deploy.runtime.ort_session import FLOAT_PRECISIONS, RuntimeOptions
 from vit_deploy.runtime.session import ViTSession
 from vit_deploy.runtime.sizes import guard_memory
 
@@ -54,8 +54,15 @@ class BenchOptions:
     # The floor per CPU case (bench/floor.py): fp32 / int8 GEMM peaks measured here, per
     # thread count, before the cases; each case's least possible time beside its p50.
     floor: bool = False
+    # What is not int8 runs in, each measured (RuntimeOptions.float_precision): bf16 is
+    # OpenVINO's on a CPU with AMX or AVX-512 BF16; another engine reports it unavailable.
+    float_precisions: tuple[str, ...] = ("f32",)
 
     def __post_init__(self) -> None:
+        unknown = [f for f in self.float_precisions if f not in FLOAT_PRECISIONS]
+        if unknown or not self.float_precisions:
+            raise ValueError(f"float precisions must be of {list(FLOAT_PRECISIONS)}, got "
+                             f"{list(self.float_precisions)}")
         for name in ("warmup", "runs", "sessions"):
             if getattr(self, name) < (0 if name == "warmup" else 1):
                 raise ValueError(f"{name} must be >= {0 if name == 'warmup' else 1}, got "
@@ -102,8 +109,10 @@ def run_bench(bundle: str | Path, options: BenchOptions = BenchOptions(),
             runners.append(_torch_runner(bundle, x, batch, hw, threads, options))
         for provider in providers:
             for precision in options.precisions:
-                runners.append(_ort_runner(bundle, provider, precision, x, hw, batch, threads,
-                                           options, engines=engines))
+                for float_precision in options.float_precisions:
+                    runners.append(_ort_runner(bundle, provider, precision, x, hw, batch,
+                                               threads, options, engines=engines,
+                                               float_precision=float_precision))
                 if options.target is not None:
                     runners.append(_ort_runner(bundle, provider, precision, x, hw, batch, threads,
                                                options, target=options.target, engines=engines))
@@ -173,13 +182,14 @@ def _gemm_peaks(cfg, resolution, threads: tuple[int | None, ...]) -> dict:
 
 def _ort_runner(bundle: Path, provider: str, precision: str, x: np.ndarray, hw, batch, threads,
                 options: BenchOptions, target: str | None = None,
-                engines: dict[str, str] | None = None
+                engines: dict[str, str] | None = None, float_precision: str = "f32"
                 ) -> tuple[CaseResult, list[Callable[[], Any]]]:
     """A provider's case: its sessions (ONNX Runtime's, or OpenVINO's), each run once; the
     engine that ran and its version go into `engines` (onnxruntime's is in every report)."""
     case = CaseResult(provider="", requested=short_name(provider), precision=precision,
                       resolution=tuple(hw), batch=batch, threads=threads,
-                      graph=f"bucket:{target}" if target else "dynamic")
+                      graph=f"bucket:{target}" if target else "dynamic",
+                      float_precision=float_precision)
     fns: list[Callable[[], Any]] = []
     import gc
 
@@ -192,7 +202,8 @@ def _ort_runner(bundle: Path, provider: str, precision: str, x: np.ndarray, hw, 
             s = ViTSession(bundle, provider=provider, precision=precision, fallback=options.fallback,
                            options=RuntimeOptions(threads=threads, verify=False,
                                                   spinning=_spinning(options),
-                                                  io_binding=options.io_binding),
+                                                  io_binding=options.io_binding,
+                                                  float_precision=float_precision),
                            target=target or "none")
             if target and not (s.buckets and s.buckets.covers(hw)):
                 raise ValueError(f"target {target!r} has no bucket at {hw[0]}x{hw[1]}")
@@ -206,6 +217,8 @@ def _ort_runner(bundle: Path, provider: str, precision: str, x: np.ndarray, hw, 
                 case.status = f"fell back: {s.fallback_reason}"
             elif s.split_batches and batch > 1:
                 case.status = "ok: run image by image (dynamic int8 couples a batch)"
+            if float_precision != "f32" and not fns:  # offered only where it holds
+                _judge_on_photos(case, s, bundle, hw)
             fns.append(lambda s=s: s.run(x))
     except Exception as e:  # a provider that cannot run here is reported, not skipped
         case.status = f"unavailable: {str(e).splitlines()[0]}"
@@ -222,7 +235,7 @@ def _spinning(options: BenchOptions) -> bool | None:
     if options.spinning is not None:
         return options.spinning
     live = (options.sessions * len(options.providers) * len(options.precisions)
-            * (2 if options.target else 1))
+            * (len(options.float_precisions) + (1 if options.target else 0)))
     return False if live > 1 else None  # the torch baseline runs in its own process
 
 
@@ -260,3 +273,25 @@ def _torch_runner(bundle: Path, x: np.ndarray, batch: int, hw, threads,
     case.cold_start_ms, case.memory_mb = out["cold_start_ms"], out["memory_mb"]
     case.status = "ok: timed alone in its own process"
     return case, []
+
+
+def _judge_on_photos(case: CaseResult, session: ViTSession, bundle: Path,
+                     hw: tuple[int, int]) -> None:
+    """A case run in another float precision, judged as every precision is: the photographs
+    shipped with the package (held out from calibration), each whole at the case's size,
+    against the bundle's fp32 graph, by the policy of the case's precision."""
+    from vit_deploy.precisions.photos import fp32_photo_batches, judge_photos
+
+    x, refs = fp32_photo_batches(bundle, load_manifest(bundle, verify=False), [hw])[hw]
+    outs = session.run_all(x)
+    cases = judge_photos(refs, {k: outs[k] for k in refs}, resolution=hw,
+                         precision=case.precision)
+    worst = min(cases, key=lambda c: c.cosine_min - c.floor)
+    case.judged = {"on": f"{len(x)} photographs shipped with vit-deploy, held out from "
+                         f"calibration, against fp32", "output": worst.output,
+                   "cosine_min": worst.cosine_min, "floor": worst.floor,
+                   "passed": all(c.passed for c in cases)}
+    if not case.judged["passed"]:
+        case.status = (f"ok: not offered: {case.configuration} is outside the "
+                       f"{case.precision} policy on the shipped photographs ({worst.output} "
+                       f"cosine {worst.cosine_min:.5f} < {worst.floor})")

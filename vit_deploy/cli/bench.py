@@ -15,6 +15,12 @@ from vit_deploy.runtime.contract import TARGETS
 SPINNING = {"auto": None, "on": True, "off": False}
 
 
+def _float_precision(text: str) -> str:
+    if text not in ("f32", "bf16"):
+        raise ValueError(f"expected f32 or bf16, got {text[:20]!r}")
+    return text
+
+
 @click.command()
 @click.argument("paths", metavar="BUNDLE | --compare REPORT.json...", nargs=-1,
                 type=InputPath("bundle or report"))
@@ -59,6 +65,11 @@ SPINNING = {"auto": None, "on": True, "off": False}
 @click.option("--floor", is_flag=True, help="Measure this CPU's fp32 and int8 GEMM peaks "
               "(the model's MLP product, through ONNX Runtime, with each --threads) and show "
               "each CPU case as a fraction of its floor: the least time those peaks allow.")
+@click.option("--float-precision", "float_precisions", default="f32", show_default=True,
+              metavar="f32,bf16", callback=csv_list(_float_precision),
+              help="What is not int8 runs in, each measured: bf16 on OpenVINO's engine where "
+                   "the CPU has AMX or AVX-512 BF16 (RuntimeOptions.float_precision); other "
+                   "engines report bf16 unavailable.")
 @quiet_option("nothing is printed but --json's JSON")
 def bench(paths: tuple[Path, ...], providers: str, precisions: tuple[str, ...],
           resolutions: tuple[tuple[int, int], ...] | None, batches: tuple[int, ...],
@@ -66,7 +77,7 @@ def bench(paths: tuple[Path, ...], providers: str, precisions: tuple[str, ...],
           sessions: int, baseline: str, fallback: bool, spinning: str, json_out: Path | None,
           csv_out: Path | None, plot_out: Path | None, budget_ms: float | None,
           compare: bool, bench_target: str | None, io_binding: bool, floor: bool,
-          quiet: bool) -> None:
+          quiet: bool, float_precisions: tuple[str, ...] = ("f32",)) -> None:
     """Measure latency, throughput, cold start and memory per provider and precision.
 
     Cases run in one process, interleaved run by run, over several sessions each.
@@ -110,7 +121,8 @@ def bench(paths: tuple[Path, ...], providers: str, precisions: tuple[str, ...],
                            warmup=warmup, runs=runs, seconds=seconds, sessions=sessions,
                            baseline_torch=baseline == "torch", fallback=fallback,
                            spinning=SPINNING[spinning], target=bench_target,
-                           io_binding=io_binding, floor=floor)
+                           io_binding=io_binding, floor=floor,
+                           float_precisions=tuple(dict.fromkeys(float_precisions)))
     if quiet:
         report = run_bench(bundle, options)
     else:

@@ -101,6 +101,27 @@ def digits_images() -> EvalImages:
                       pixels=pixels)
 
 
+def fp32_photo_batches(bundle: Path, manifest: Any, sizes: list[tuple[int, int]],
+                       images: EvalImages | None = None
+                       ) -> dict[tuple[int, int], tuple[np.ndarray, dict[str, np.ndarray]]]:
+    """{size: (real images preprocessed at the size as the runtime does, the bundle's fp32
+    graph's outputs for them, on the CPU provider)}: `images`, by default the photographs
+    shipped with the package (held out from calibration), each whole."""
+    from vit_deploy.runtime.preprocess import Preprocess
+    from vit_deploy.runtime.session import ViTSession
+
+    views = (images.views() if images is not None else
+             EvalImages(tuple(shipped("eval")), "").views()[::1 + len(VIEW_BOX)])
+    out = {}
+    with ViTSession(manifest.model_path(bundle, "fp32"), provider="cpu") as fp32:
+        for hw in sizes:
+            pre = Preprocess.from_manifest(manifest, resolution=hw,
+                                           resize="shorter_side_center_crop")
+            x = np.stack([pre.array(view) for view in views])
+            out[hw] = (x, fp32.run_all(x))
+    return out
+
+
 def _count(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
 

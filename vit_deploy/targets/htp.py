@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from vit_deploy.parity import ParityCase, judge
-from vit_deploy.precisions.photos import (VIEW_BOX, EvalImages, PhotoCase, digits_images,
-                                          judge_photos, shipped)
+from vit_deploy.precisions.photos import (EvalImages, PhotoCase, digits_images,
+                                          fp32_photo_batches, judge_photos)
 from vit_deploy.runtime.manifest import load_manifest
 from vit_deploy.runtime.references import iter_references
 
@@ -204,25 +204,12 @@ def _write_contexts(bundle: Path, spec: Any, results: list[HTPGraph], tmp: Path)
 
 def _photo_cases(bundle: Path, manifest: Any, sizes: list[tuple[int, int]]
                  ) -> dict[tuple[int, int], tuple[np.ndarray, dict[str, np.ndarray]]]:
-    """{size: (real images preprocessed at the size as the runtime does, the bundle's fp32
-    graph's outputs for them)}: the photographs shipped with the package (held out from
-    calibration), each whole; for a target calibrated on the digits, held-out digits (the
+    """The photographs shipped with the package (held out from calibration), each whole, and
+    the fp32 graph's outputs; for a target calibrated on the digits, held-out digits (the
     test model's own data)."""
-    from vit_deploy.runtime.preprocess import Preprocess
-    from vit_deploy.runtime.session import ViTSession
-
-    if manifest.targets["npu"].record.get("calibrated_on") == "digits":
-        images = EvalImages((), "", pixels=digits_images().pixels[:DIGITS_JUDGED]).views()
-    else:
-        images = EvalImages(tuple(shipped("eval")), "").views()[::1 + len(VIEW_BOX)]
-    out = {}
-    with ViTSession(manifest.model_path(bundle, "fp32"), provider="cpu") as fp32:
-        for hw in sizes:
-            pre = Preprocess.from_manifest(manifest, resolution=hw,
-                                           resize="shorter_side_center_crop")
-            x = np.stack([pre.array(image) for image in images])
-            out[hw] = (x, fp32.run_all(x))
-    return out
+    digits = manifest.targets["npu"].record.get("calibrated_on") == "digits"
+    return fp32_photo_batches(bundle, manifest, sizes, EvalImages(
+        (), "", pixels=digits_images().pixels[:DIGITS_JUDGED]) if digits else None)
 
 
 def _torch_cases(bundle: Path, manifest: Any, sizes: list[tuple[int, int]], batch: int
