@@ -129,8 +129,8 @@ def test_the_budget_recommends_the_largest_size_that_fits_then_the_fastest():
         case("cpu", "int8", (224, 224), 40.0), case("cpu", "int8", (448, 448), 140.0),
         case("openvino", "int8", (224, 224), 35.0), case("openvino", "int8", (448, 448), 120.0)])
     assert recommend(report, 150) == {"provider": "openvino", "precision": "int8",
-                                      "resolution": [448, 448], "p90_ms": 120.0,
-                                      "budget_ms": 150}
+                                      "float_precision": "f32", "resolution": [448, 448],
+                                      "p90_ms": 120.0, "budget_ms": 150}
     assert recommend(report, 100)["resolution"] == [224, 224]
     assert recommend(report, 100)["provider"] == "openvino"  # 35 ms beats 40 and 90
     assert recommend(report, 10) is None
