@@ -34,8 +34,9 @@ def _torch_threads():
 
 
 # torch.onnx.export (dynamo) takes 3 s even for the tiny model, and the suite exports the same
-# few models ~90 times: a third of its time. Within one test process a trace of a module that
-# was already traced (the same classes and methods, attributes, weights, example shape, dynamic
+# few models ~90 times: a third of its time. Within one run (both workers: the traces are kept
+# as files in the run's own folder, which the controller removes at the end) a trace of a
+# module that was already traced (the same classes and methods, attributes, weights, example shape, dynamic
 # shapes and output names) is served from memory; everything after the trace (our finishing,
 # checks, simplification, parity, quantisation) runs as always. The exporter is deterministic
 # (tests/test_trace_memo.py proves the memo gives the exporter's bytes), and a module with
@@ -44,7 +45,7 @@ def _torch_threads():
 # module-level function the model calls (the key sees classes, not modules):
 # @pytest.mark.fresh_trace.
 MEMO_MAX_BYTES = 64 << 20  # weights larger than this are traced every time
-_traces: dict[tuple, bytes] = {}
+_traces: dict[str, bytes] = {}  # sha256 of the key -> the trace
 _real_trace = onnx_export.trace
 _fresh_trace = False  # set per test by the fresh_trace marker (_trace_memo below)
 
@@ -67,7 +68,8 @@ def trace_key(module: nn.Module, example: torch.Tensor, **kw) -> tuple | None:
                 return None
             parts.append((path, name, repr(value)))
     for cls in classes:  # a method patched on a class changes the trace: key on the functions
-        parts.append(tuple((name, fn) for klass in cls.__mro__ if klass not in (nn.Module, object)
+        parts.append(tuple((name, _function_id(fn)) for klass in cls.__mro__
+                           if klass not in (nn.Module, object)
                            for name, fn in vars(klass).items() if callable(fn)))
     for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
         data = tensor.detach().contiguous().cpu()
@@ -79,6 +81,30 @@ def trace_key(module: nn.Module, example: torch.Tensor, **kw) -> tuple | None:
     kw["dynamic_shapes"] = repr(kw.get("dynamic_shapes"))
     return (tuple(parts), digest.hexdigest(), tuple(example.shape), example.dtype,
             repr(sorted(kw.items())))
+
+
+def _function_id(fn) -> str:
+    """A function as the same text in every process: its name and its code (nested code
+    included), so a function patched in with another body has another id."""
+    fn = getattr(fn, "__func__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is None:  # a class or a builtin: its name says what it is
+        return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
+    digest = hashlib.sha256()
+
+    def add(code) -> None:
+        digest.update(code.co_code)
+        digest.update(repr(code.co_names).encode())
+        for const in code.co_consts:
+            if hasattr(const, "co_code"):
+                add(const)
+            elif isinstance(const, frozenset):  # `in {...}`: its order follows the hash seed
+                digest.update(repr(sorted(map(repr, const))).encode())
+            else:
+                digest.update(repr(const).encode())
+
+    add(code)
+    return f"{fn.__module__}.{fn.__qualname__}:{digest.hexdigest()}"
 
 
 def _plain(value) -> bool:
@@ -93,13 +119,29 @@ def _plain(value) -> bool:
     return False
 
 
+def memo_name(key: tuple) -> str:
+    """The key as a file name, the same in every process (tests/test_trace_memo.py)."""
+    return hashlib.sha256(repr(key).encode()).hexdigest()
+
+
 def _memo_trace(module, example, **kw):
     key = None if _fresh_trace else trace_key(module, example, **kw)
     if key is None:
         return _real_trace(module, example, **kw)
-    if key not in _traces:
-        _traces[key] = _real_trace(module, example, **kw).SerializeToString()
-    return onnx.load_from_string(_traces[key])  # a fresh proto: callers change theirs
+    name = memo_name(key)
+    if name not in _traces:
+        folder = Path(os.environ[SUITE_HOME]) / "traces" if SUITE_HOME in os.environ else None
+        saved = folder / f"{name}.onnx" if folder else None
+        if saved is not None and saved.is_file():  # the other worker traced it
+            _traces[name] = saved.read_bytes()
+        else:
+            _traces[name] = _real_trace(module, example, **kw).SerializeToString()
+            if saved is not None:
+                folder.mkdir(exist_ok=True)
+                part = folder / f"{name}.{os.getpid()}.part"
+                part.write_bytes(_traces[name])
+                os.replace(part, saved)  # whole or absent for the other worker
+    return onnx.load_from_string(_traces[name])  # a fresh proto: callers change theirs
 
 
 # Tests write only inside their own temporary folders, never into the user's home. What the
@@ -188,9 +230,10 @@ def pytest_sessionfinish(session, exitstatus):
 
 @pytest.fixture
 def trace_memo():
-    """The memo's parts, for its own tests: .real (the exporter), .memo, .key."""
+    """The memo's parts, for its own tests: .real (the exporter), .memo, .key, .name (the
+    key's file name)."""
     from types import SimpleNamespace
-    return SimpleNamespace(real=_real_trace, memo=_memo_trace, key=trace_key)
+    return SimpleNamespace(real=_real_trace, memo=_memo_trace, key=trace_key, name=memo_name)
 
 
 @pytest.fixture(autouse=True)

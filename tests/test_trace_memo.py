@@ -1,6 +1,10 @@
 """The suite's trace memo (tests/conftest.py) gives what torch.onnx.export gives, and never
 serves a trace of a module that has changed since."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -23,6 +27,31 @@ def test_the_memo_serves_the_exporters_own_bytes(trace_memo, make_tiny):
     assert first.SerializeToString() == fresh == again.SerializeToString()
     first.graph.node.pop()  # a caller changing its proto changes nobody else's
     assert trace_memo.memo(model, example, **kw).SerializeToString() == fresh
+
+
+def test_the_key_names_the_same_file_in_another_process(trace_memo, make_tiny):
+    """The two workers share traces as files named by the key: a fresh interpreter (another
+    hash seed, other object addresses) must name the same module's trace the same way."""
+    model = make_tiny("factorized", "mean")
+    example, kw = _trace_args(model)
+    here = trace_memo.name(trace_memo.key(model, example, **kw))
+    tests = Path(__file__).parent
+    script = f"""
+import importlib.util, sys
+sys.path.insert(0, {str(tests)!r})
+spec = importlib.util.spec_from_file_location("suite_conftest", {str(tests / "conftest.py")!r})
+conftest = importlib.util.module_from_spec(spec); spec.loader.exec_module(conftest)
+from test_trace_memo import _trace_args
+model = conftest._tiny("factorized", "mean")
+example, kw = _trace_args(model)
+print(conftest.memo_name(conftest.trace_key(model, example, **kw)))
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=300, env={"PYTHONHASHSEED": "12345", "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[-1] == here
+    other = make_tiny("factorized", "mean", num_classes=7)
+    assert trace_memo.name(trace_memo.key(other, example, **kw)) != here
 
 
 def test_anything_the_trace_depends_on_changes_the_key(trace_memo, make_tiny, monkeypatch):

@@ -158,8 +158,7 @@ def export_naflex_onnx(model: ViT, dst: str | Path, *, opset: int = OPSET) -> Pa
                           f"(NaFlex): {e}") from e
     proto = program.model_proto
     _finalize(proto, config_json=model.cfg.to_json())
-    validate_onnx(proto)
-    return write_bytes_atomic(dst, proto.SerializeToString())
+    return write_bytes_atomic(dst, validate_onnx(proto))
 
 
 def _finalize(proto: onnx.ModelProto, *, config_json: str) -> None:

@@ -31,8 +31,7 @@ def simplify_onnx(src: str | Path, dst: str | Path) -> Path:
     del simplified.metadata_props[:]
     simplified.metadata_props.extend(model.metadata_props)
     simplified.producer_name = model.producer_name
-    validate_onnx(simplified)
-    return write_bytes_atomic(dst, simplified.SerializeToString())
+    return write_bytes_atomic(dst, validate_onnx(simplified))
 
 
 def _dims(model: onnx.ModelProto) -> list[list[str | int]]:

@@ -163,8 +163,7 @@ def export_static(model: ViT, dst: str | Path, *, batch: int, resolution: tuple[
     finalize(proto, config_json=cfg.to_json())
     if linear_as_gemm:
         linears_as_gemm(proto)
-    validate_onnx(proto)
-    return write_bytes_atomic(dst, proto.SerializeToString())
+    return write_bytes_atomic(dst, validate_onnx(proto))
 
 
 def linears_as_gemm(proto: onnx.ModelProto) -> int:
