@@ -4,6 +4,7 @@ weights on 2-D Gemms) finalises on two HTP architectures with every node on HTP 
 PyTorch's golden references; per-channel weights on MatMuls are reported with the nodes HTP
 refused."""
 
+import importlib.util
 import json
 import shutil
 import sys
@@ -117,6 +118,22 @@ def test_bad_input_is_one_line_and_exit_2(npu_bundle, tmp_path, capsys, qnn_pyth
     assert CliRunner().invoke(main, ["export", "--model", "tiny", "--out", str(plain)]).exit_code == 0
     assert htp.main([str(plain), "--python", str(qnn_python)]) == 2
     assert "has no npu target" in capsys.readouterr().err
+
+
+def test_the_checkouts_qnn_python_is_found_from_any_folder(qnn_python, tmp_path, monkeypatch):
+    """.venv-qnn is looked for in the working folder and beside this Python's environment (a
+    checkout's .venv); where neither has it, the error names both places."""
+    monkeypatch.chdir(tmp_path)
+    assert htp.qnn_python().resolve() == qnn_python.resolve()  # make test runs in ROOT/.venv
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "env"))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda *a, **k: None)
+    with pytest.raises(ValueError) as e:
+        htp.qnn_python()
+    said = str(e.value)
+    assert ".venv-qnn/bin/python" in said and str(tmp_path / ".venv-qnn" / "bin" / "python") in said
+    (tmp_path / ".venv-qnn" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv-qnn" / "bin" / "python").write_text("")
+    assert htp.qnn_python() == Path(".venv-qnn/bin/python")
 
 
 def test_compiled_contexts_are_written_reloaded_and_hashed_in_the_manifest(npu_bundle, tmp_path,

@@ -86,7 +86,9 @@ class HTPGraph:
 
 def qnn_python(given: str | Path | None = None) -> Path:
     """The Python that runs the HTP runner: `given`; else this one where onnxruntime-qnn
-    imports here; else the project's .venv-qnn (make setup). A clear error where none is."""
+    imports here; else a .venv-qnn (make setup) in the working folder or beside this Python's
+    environment (a checkout's .venv), so the command works from any folder. A clear error
+    where none is."""
     import importlib.util
 
     if given is not None:
@@ -96,11 +98,13 @@ def qnn_python(given: str | Path | None = None) -> Path:
         return Path(given)
     if importlib.util.find_spec("onnxruntime_qnn") is not None:
         return Path(sys.executable)
-    local = Path(".venv-qnn/bin/python")
-    if local.is_file():
-        return local
-    raise ValueError(f"no Python with {QNN_PACKAGE} found (not this one, no .venv-qnn here): "
-                     f"give one (--htp-python), e.g. a venv with pip install {QNN_PACKAGE}, "
+    places = list(dict.fromkeys([Path(".venv-qnn"), Path(sys.prefix).parent / ".venv-qnn"]))
+    for place in places:
+        if (place / "bin" / "python").is_file():
+            return place / "bin" / "python"
+    raise ValueError(f"no Python with {QNN_PACKAGE} found (not this one, and no "
+                     f"{' or '.join(str(p / 'bin' / 'python') for p in places)}): give one "
+                     f"(check's --htp-python), e.g. a venv with pip install {QNN_PACKAGE}, "
                      f"kept apart from onnxruntime-gpu")
 
 
