@@ -23,7 +23,6 @@ class BundleSummary:
         from rich.table import Table
 
         m, cfg, io = self.manifest, self.manifest.config, self.manifest.io
-        inp = io.inputs[0]
         lines: list[Any] = [
             f"bundle {self.path}: {cfg.name or 'ViT'} width {cfg.width} depth {cfg.depth} "
             f"heads {cfg.heads} patch {cfg.patch_size}, native "

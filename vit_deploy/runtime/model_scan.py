@@ -72,7 +72,6 @@ def int8_weights_need(path: Path) -> str | None:
     holds a value outside [-64, 64], the 7-bit range ONNX Runtime's reduce_range gives
     (255 x 64 x 2 = 32640 still fits AVX2's 16-bit pair sums; 8-bit weights do not), 'any' when every int8 weight fits, None when the file has no int8 weights (or
     keeps them outside it). Read only where the CPU could saturate (a VNNI CPU never does)."""
-    import numpy as np
     import onnx
     from onnx import numpy_helper
 
