@@ -120,6 +120,18 @@ def test_bad_input_is_one_line_and_exit_2(npu_bundle, tmp_path, capsys, qnn_pyth
     assert "has no npu target" in capsys.readouterr().err
 
 
+def test_a_runner_past_its_time_is_stopped_and_said_in_one_line(npu_bundle, tmp_path, capsys,
+                                                               monkeypatch):
+    slow = tmp_path / "slow-python"
+    slow.write_text("#!/bin/sh\nsleep 60\n")
+    slow.chmod(0o755)
+    monkeypatch.setattr(htp, "RUNNER_SECONDS_PER_GRAPH", 0.5)
+    assert htp.main([str(npu_bundle), "--arch", "73,75", "--python", str(slow)]) == 2
+    said = capsys.readouterr().err.strip()
+    assert "the HTP runner ran past 1.0 s" in said and "2 architecture(s)" in said, said
+    assert len(said.splitlines()) == 1 and "Traceback" not in said
+
+
 def test_the_checkouts_qnn_python_is_found_from_any_folder(qnn_python, tmp_path, monkeypatch):
     """.venv-qnn is looked for in the working folder and beside this Python's environment (a
     checkout's .venv); where neither has it, the error names both places."""

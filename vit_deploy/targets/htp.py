@@ -37,6 +37,9 @@ HTP_ARCHS: dict[str, str] = {"73": "57", "75": "69", "79": "87"}
 DIGITS_JUDGED = 24  # held-out digits for a target calibrated on them
 RUNNER = Path(__file__).with_name("htp_runner.py")
 QNN_PACKAGE = "onnxruntime-qnn==2.7.0"
+# Emulated HTP is slow: ViT-B/16 at 224 took 13 min for one architecture with its context on
+# 2 cores (2026-12-06). The runner's time bound grows with the work asked of it.
+RUNNER_SECONDS_PER_GRAPH = 3600
 
 
 @dataclass
@@ -155,8 +158,15 @@ def check_htp(bundle: str | Path, *, python: str | Path, archs: dict[str, str] |
         request = Path(tmp) / "request.json"
         request.write_text(json.dumps({"graphs": graphs, "archs": sorted(archs.items()),
                                        "contexts": contexts}))
-        done = subprocess.run([str(python), str(RUNNER), str(request), tmp],
-                              capture_output=True, text=True, timeout=1800)
+        bound = RUNNER_SECONDS_PER_GRAPH * len(graphs) * len(archs)
+        try:
+            done = subprocess.run([str(python), str(RUNNER), str(request), tmp],
+                                  capture_output=True, text=True, timeout=bound)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"the HTP runner ran past {bound} s ({RUNNER_SECONDS_PER_GRAPH} s "
+                               f"per graph and architecture: {len(graphs)} graph(s) x "
+                               f"{len(archs)} architecture(s)) and was stopped; check fewer "
+                               f"architectures at a time (--htp-arch)") from None
         result = Path(tmp) / "result.json"
         if done.returncode != 0 or not result.is_file():
             said = (done.stderr or done.stdout).strip().splitlines()
