@@ -37,8 +37,8 @@ HTP_ARCHS: dict[str, str] = {"73": "57", "75": "69", "79": "87"}
 DIGITS_JUDGED = 24  # held-out digits for a target calibrated on them
 RUNNER = Path(__file__).with_name("htp_runner.py")
 QNN_PACKAGE = "onnxruntime-qnn==2.7.0"
-# Emulated HTP is slow: ViT-B/16 at 224 took 13 min for one architecture with its context on
-# 2 cores (2026-12-06). The runner's time bound grows with the work asked of it.
+# Emulated HTP is slow: ViT-B/16 at 224 with its context took 15 min on htp_arch 73 and 40 min
+# on 75 (2 cores, 2026-12-06). The runner's time bound grows with the work asked of it.
 RUNNER_SECONDS_PER_GRAPH = 3600
 
 
@@ -288,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("bundle")
     p.add_argument("--python", default=None,
                    help=f"a Python with {QNN_PACKAGE} (default: this one where it imports, "
-                        f"else .venv-qnn, which make setup makes)")
+                        f"else a .venv-qnn here or beside this Python's environment, which make "
+                        f"setup makes)")
     p.add_argument("--arch", default=",".join(HTP_ARCHS),
                    help=f"HTP architectures, of {sorted(HTP_ARCHS)}")
     p.add_argument("--contexts", action="store_true",
