@@ -34,10 +34,10 @@ def _torch_threads():
 
 
 # torch.onnx.export (dynamo) takes 3 s even for the tiny model, and the suite exports the same
-# few models ~90 times: a third of its time. Within one run (both workers: the traces are kept
-# as files in the run's own folder, which the controller removes at the end) a trace of a
-# module that was already traced (the same classes and methods, attributes, weights, example shape, dynamic
-# shapes and output names) is served from memory; everything after the trace (our finishing,
+# few models ~90 times: a third of its time. Within one run a trace of a module that was
+# already traced (the same classes and methods, attributes, weights, example shape, dynamic
+# shapes and output names) is served from memory, or from the file the other worker kept in
+# the run's own folder (which the controller removes at the end); everything after the trace (our finishing,
 # checks, simplification, parity, quantisation) runs as always. The exporter is deterministic
 # (tests/test_trace_memo.py proves the memo gives the exporter's bytes), and a module with
 # hooks or anything not plain data on it is always traced afresh. Subprocesses (the CLI

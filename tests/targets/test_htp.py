@@ -123,7 +123,7 @@ def test_bad_input_is_one_line_and_exit_2(npu_bundle, tmp_path, capsys, qnn_pyth
 def test_a_runner_past_its_time_is_stopped_and_said_in_one_line(npu_bundle, tmp_path, capsys,
                                                                monkeypatch):
     slow = tmp_path / "slow-python"
-    slow.write_text("#!/bin/sh\nsleep 60\n")
+    slow.write_text("#!/bin/sh\nexec sleep 60\n")  # one process: the kill ends it
     slow.chmod(0o755)
     monkeypatch.setattr(htp, "RUNNER_SECONDS_PER_GRAPH", 0.5)
     assert htp.main([str(npu_bundle), "--arch", "73,75", "--python", str(slow)]) == 2
