@@ -31,7 +31,7 @@ def classifier(tower_dir: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def pooled(bundle: Path, precision: str, images: list[np.ndarray]) -> np.ndarray:
-    from vit_deploy.runtime.naflex_session import NaFlexSession
+    from vit_deploy.runtime.naflex.session import NaFlexSession
 
     with NaFlexSession(bundle, precision=precision) as s:
         return np.concatenate([s.pooled(images[i:i + 64]) for i in range(0, len(images), 64)])
@@ -41,7 +41,7 @@ def transformers_pooled(tower_dir: Path, bundle: Path, images: list[np.ndarray])
     import torch
     import transformers as T
 
-    from vit_deploy.runtime.naflex_session import NaFlexSession
+    from vit_deploy.runtime.naflex.session import NaFlexSession
 
     model = T.Siglip2VisionModel.from_pretrained(tower_dir).eval()
     with NaFlexSession(bundle) as s:
@@ -55,7 +55,7 @@ def transformers_pooled(tower_dir: Path, bundle: Path, images: list[np.ndarray])
 def measure(out: Path) -> dict:
     from vit_deploy.data import (DIGITS_NAFLEX_BUDGET, DIGITS_NAFLEX_DIR, data_path,
                                  load_digits_naflex)
-    from vit_deploy.export.naflex_bundle import NaFlexBundleOptions, export_naflex_bundle
+    from vit_deploy.export.naflex.bundle import NaFlexBundleOptions, export_naflex_bundle
     from vit_deploy.precisions.add import add_precisions
 
     tower = data_path(DIGITS_NAFLEX_DIR)

@@ -6,7 +6,7 @@ in any package the setup can install). No download.
 
 The tower is transformers' own Siglip2VisionModel (patch 4, a 8x8 position table, width 64,
 4 layers, its MAP head), trained with a linear classifier on its pooled output; each batch
-runs through the processor's NaFlex preprocessing (runtime/naflex.py, pixel-exact to
+runs through the processor's NaFlex preprocessing (runtime/naflex/preprocess.py, pixel-exact to
 Siglip2ImageProcessor) at a patch budget of 64. Writes vit_deploy/data/digits_siglip2/
 (config.json + model.safetensors, save_pretrained: `export --checkpoint DIR --naflex`
 reads it; classifier.safetensors: the head) and digits_siglip2.json (what was measured).
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from vit_deploy.data import (DIGITS_NAFLEX_BUDGET, DIGITS_NAFLEX_DIR, DIGITS_NAFLEX_PATCH,
                              DIGITS_NAFLEX_RECORD_FILE, data_path, digits_at_ratios,
                              load_digits_naflex)
-from vit_deploy.runtime.naflex import NaFlexPreprocess
+from vit_deploy.runtime.naflex.preprocess import NaFlexPreprocess
 
 SEED = 0
 

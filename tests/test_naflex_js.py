@@ -2,7 +2,7 @@
 
 Preprocessing: the 12 shipped photographs and synthetic sizes (thin strips, one pixel, large,
 an RGBA image) at 64, 256 and 1024 patches, one mixed-aspect batch each, against
-vit_deploy.runtime.naflex.NaFlexPreprocess (itself equal to transformers'
+vit_deploy.runtime.naflex.preprocess.NaFlexPreprocess (itself equal to transformers'
 Siglip2ImageProcessorPil: tests/runtime/test_naflex_preprocess.py): the same floats, mask and
 grids, bit for bit. Both sides start from the same pixels: the photographs as Pillow decodes
 them (libjpeg-turbo), sent to Node as raw RGB; the synthetic images as PNG files that Node
@@ -27,7 +27,7 @@ import pytest
 from web_node import node as _node
 from PIL import Image
 
-from vit_deploy.runtime.naflex import NaFlexPreprocess
+from vit_deploy.runtime.naflex.preprocess import NaFlexPreprocess
 from vit_deploy.runtime.preprocess import load_image
 
 pytestmark = pytest.mark.heavy  # Node, and an export (~15 s)
@@ -105,7 +105,7 @@ def model(tmp_path_factory) -> Path:
     from siglip2_tiny import tiny_siglip2
 
     from vit_deploy.export.checkpoints import CheckpointWarning
-    from vit_deploy.export.naflex_bundle import export_naflex
+    from vit_deploy.export.naflex.bundle import export_naflex
 
     _, directory = tiny_siglip2(tmp_path_factory.mktemp("hf") / "siglip2")
     with warnings.catch_warnings():
@@ -185,7 +185,7 @@ def test_jpeg_decoded_in_node_stays_near_pillow(node_run):
 def test_onnx_features_match_python_onnxruntime(images, model, node_run):
     """naflexFeatures (onnxruntime-node) against NaFlexSession (onnxruntime): pooled and each
     image's tokens on its own grid, one image and mixed-aspect batches."""
-    from vit_deploy.runtime.naflex_session import NaFlexSession
+    from vit_deploy.runtime.naflex.session import NaFlexSession
 
     d, printed, cases = node_run
     assert printed["patchSize"] == 16 and printed["info"]["provider"] == "cpu"

@@ -183,7 +183,10 @@ def test_an_old_bundle_without_references(quantised_bundle, tmp_path):
      "outputs the bundle declares"),
     (lambda m: m["references"].update(file="model.onnx"), "role 'references'"),
     (lambda m: m["references"]["cases"][0].update(shape=[2, 3, 0, 40]), "shape: \\[batch"),
-], ids=["offset", "output", "file", "shape"])
+    # an output of no dimensions was an IndexError (a traceback), not a manifest error
+    (lambda m: m["references"]["cases"][0]["outputs"]["logits"].update(shape=[]),
+     "outputs the bundle declares"),
+], ids=["offset", "output", "file", "shape", "scalar output"])
 def test_the_manifest_refuses_bad_references(quantised_bundle, change, message):
     m = json.loads((quantised_bundle / "manifest.json").read_text())
     change(m)

@@ -188,7 +188,7 @@ def _in_node(script: str, job: dict, tmp_path: Path) -> dict:
 
 
 def _python(bundle: Path, images: list[Path]) -> dict:
-    from vit_deploy.runtime.naflex_session import NaFlexSession
+    from vit_deploy.runtime.naflex.session import NaFlexSession
 
     out = {}
     for precision in ("fp32", "int8"):
@@ -433,7 +433,7 @@ def test_both_runtimes_refuse_a_naflex_model_memory_cannot_hold(bundle, images, 
     a batch whole); a manifest whose golden reference images would take more than 2**24
     values is refused before any is built (8192x8192 once took 6.3 GB)."""
     from vit_deploy.runtime import sizes
-    from vit_deploy.runtime.naflex_session import NaFlexSession
+    from vit_deploy.runtime.naflex.session import NaFlexSession
 
     available, huge, fits = 2**30, 16384, 4096  # 8 GiB of attention; 0.5 GiB: one, not two
     large = tmp_path / "large-references"

@@ -129,7 +129,7 @@ def predict_naflex(bundle: str | Path, images: list[str | Path],
     import numpy as np
 
     from vit_deploy.runtime.files import write_bytes_atomic
-    from vit_deploy.runtime.naflex_session import NaFlexSession
+    from vit_deploy.runtime.naflex.session import NaFlexSession
     from vit_deploy.runtime.results import require_finite
 
     given = [k for k, v in options.overrides.items() if v is not None]

@@ -20,13 +20,13 @@ from PIL import Image
 import transformers as T
 from siglip2_tiny import tiny_siglip2
 from vit_deploy.export.checkpoints import CheckpointWarning, load_any
-from vit_deploy.export.naflex import NaFlexViT, naflex_pos_weights
-from vit_deploy.export.naflex_bundle import PARITY_CASES, export_naflex
+from vit_deploy.export.naflex.model import NaFlexViT, naflex_pos_weights
+from vit_deploy.export.naflex.bundle import PARITY_CASES, export_naflex
 from vit_deploy.runtime.config import variant
 from vit_deploy.export.model import build_model
 from vit_deploy.runtime.manifest_parts import BundleError
-from vit_deploy.runtime.naflex import METADATA_NAFLEX_KEY, NAFLEX_INPUTS, NAFLEX_OUTPUTS
-from vit_deploy.runtime.naflex_session import NaFlexInputError, NaFlexSession
+from vit_deploy.runtime.naflex.contract import METADATA_NAFLEX_KEY, NAFLEX_INPUTS, NAFLEX_OUTPUTS
+from vit_deploy.runtime.naflex.session import NaFlexInputError, NaFlexSession
 
 RTOL = 1e-4  # max abs error / max abs reference, per output and case
 RATIOS = np.exp(np.linspace(np.log(1 / 4), np.log(4), 21))  # 1:4 ... 4:1 (height:width)

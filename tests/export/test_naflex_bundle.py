@@ -24,8 +24,8 @@ from vit_deploy.cli import main
 from vit_deploy.runtime import NaFlexSession, ViTSession, load_manifest, open_session
 from vit_deploy.runtime.manifest import Manifest
 from vit_deploy.runtime.manifest_parts import BundleError
-from vit_deploy.runtime.naflex import NAFLEX_INPUTS, NAFLEX_OUTPUTS
-from vit_deploy.runtime.naflex_session import NaFlexInputError
+from vit_deploy.runtime.naflex.contract import NAFLEX_INPUTS, NAFLEX_OUTPUTS
+from vit_deploy.runtime.naflex.session import NaFlexInputError
 
 pytestmark = pytest.mark.heavy  # one export (~20 s on 2 cores) and PyTorch checks
 BUDGET = 64
@@ -288,7 +288,8 @@ def test_a_reference_shape_that_overflows_is_a_manifest_error(bundle, tmp_path, 
     m["naflex_references"]["cases"][0]["outputs"]["pooled"]["shape"] = shape
     (edited / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(BundleError, match=r"naflex_references\.cases\[0\]\.outputs\['pooled'\] "
-                                          r"must be inside the \d+-byte references\.bin"):
+                                          r"must be batch 6 first, inside the \d+-byte "
+                                          r"references\.bin"):
         load_manifest(edited)
     r = CliRunner().invoke(main, ["check", str(edited), "--reference", "bundle"])
     assert r.exit_code == 2 and "Traceback" not in r.output and "references.bin" in r.output, \

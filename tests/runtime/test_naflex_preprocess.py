@@ -1,4 +1,4 @@
-"""The torch-free NaFlex preprocessing (runtime/naflex.py) is transformers'
+"""The torch-free NaFlex preprocessing (runtime/naflex/preprocess.py) is transformers'
 Siglip2ImageProcessor: the same sizes from the patch budget, and the same floats as its
 Pillow backend on the shipped photographs and on synthetic sizes (thin strips, tiny, large,
 one pixel high). Its torchvision backend resizes with torch's own antialiased bilinear
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit_deploy.runtime.naflex import NaFlexPreprocess, size_for_max_num_patches
+from vit_deploy.runtime.naflex.preprocess import NaFlexPreprocess, size_for_max_num_patches
 
 T = pytest.importorskip("transformers")
 

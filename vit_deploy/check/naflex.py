@@ -14,16 +14,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
+from vit_deploy.data import photos_at_ratios
 from vit_deploy.parity import INDEPENDENCE_ABS_TOL, Invariant, judge
 from vit_deploy.progress import Progress
 from vit_deploy.runtime.manifest import Manifest
 from vit_deploy.runtime.manifest_parts import BundleError
-from vit_deploy.runtime.naflex import NAFLEX_OUTPUTS
-from vit_deploy.runtime.naflex_references import (NAFLEX_SIZES, REFERENCE_CASES,
+from vit_deploy.runtime.naflex.contract import NAFLEX_OUTPUTS
+from vit_deploy.runtime.naflex.references import (NAFLEX_SIZES, REFERENCE_CASES,
                                                   iter_naflex_references, reference_image)
-from vit_deploy.runtime.naflex_session import NaFlexSession
+from vit_deploy.runtime.naflex.session import NaFlexSession
 from vit_deploy.runtime.ort_session import RuntimeOptions
 from vit_deploy.runtime.providers import parse_providers, short_name
 
@@ -56,7 +56,8 @@ def check_naflex(bundle: Path, manifest: Manifest, options, precisions: Sequence
         progress("rebuilding the PyTorch reference from the bundle's weights")
         forward = _torch_forward(bundle, manifest)
         named = [(name, [reference_image(seed, hw) for seed, hw in images])
-                 for name, images in REFERENCE_CASES] + [("photos", photo_crops())]
+                 for name, images in REFERENCE_CASES]
+        named.append(("photos", photos_at_ratios("eval", NAFLEX_SIZES)))
         progress(f"running PyTorch on {len(named)} cases")
         cases = [(name, images, forward(images)) for name, images in named]
     for provider in [p.name for p in parse_providers(list(options.providers))]:
@@ -80,17 +81,9 @@ def check_naflex(bundle: Path, manifest: Manifest, options, precisions: Sequence
                 report.parity.checks += invariants(session, cases[0][1], f"{ran}:{precision}")
 
 
-def run_masked(session: NaFlexSession, images: list[np.ndarray]) -> dict[str, np.ndarray]:
-    """The session's outputs with last_hidden_state's padding rows zeroed."""
-    batch = session.preprocess(images)
-    out = session.run(batch)
-    out[NAFLEX_OUTPUTS[1]] = out[NAFLEX_OUTPUTS[1]] * batch.pixel_attention_mask[..., None]
-    return out
-
-
 def judge_case(session: NaFlexSession, name: str, images: list[np.ndarray],
                want: dict[str, np.ndarray], *, provider: str, precision: str) -> list:
-    got = run_masked(session, images)
+    got = session.outputs(images)
     sizes = ",".join(f"{im.shape[0]}x{im.shape[1]}" for im in images[:6])  # H x W
     label = f"naflex {name} ({sizes}{', ...' if len(images) > 6 else ''})"
     P = session.config.patch_size
@@ -118,32 +111,18 @@ def invariants(session: NaFlexSession, images: list[np.ndarray], subject: str
                       value=twice, limit=limit, detail=f"{detail}, run twice")]
 
 
-def photo_crops() -> list[np.ndarray]:
-    """The shipped eval photographs, each centre-cropped to one of NAFLEX_SIZES' ratios."""
-    from vit_deploy.data import photo_paths
-
-    out = []
-    for path, (h, w) in zip(photo_paths("eval"), NAFLEX_SIZES):
-        image = np.asarray(Image.open(path).convert("RGB"))
-        H, W = image.shape[:2]
-        ch, cw = (H, min(W, round(H * w / h))) if W * h >= H * w else (min(H, round(W * h / w)), W)
-        top, left = (H - ch) // 2, (W - cw) // 2
-        out.append(np.ascontiguousarray(image[top:top + ch, left:left + cw]))
-    return out
-
-
 def _torch_forward(bundle: Path, manifest: Manifest
                    ) -> Callable[[list[np.ndarray]], dict[str, np.ndarray]]:
     try:
         from vit_deploy.export.checkpoints import load_model
-        from vit_deploy.export.naflex import NaFlexViT
-        from vit_deploy.export.naflex_bundle import naflex_forward
+        from vit_deploy.export.naflex.model import NaFlexViT
+        from vit_deploy.export.naflex.bundle import naflex_forward
     except ImportError:
         raise ImportError("vit-deploy check compares against PyTorch, which is not installed: "
                           "pip install 'vit-deploy[export]' (or --reference bundle)") from None
     if manifest.weights_file is None:
         raise ValueError(f"bundle {str(bundle)!r} holds no PyTorch weights to compare against")
-    from vit_deploy.runtime.naflex import NaFlexPreprocess
+    from vit_deploy.runtime.naflex.preprocess import NaFlexPreprocess
 
     reference = NaFlexViT(load_model(manifest.resolve(bundle, manifest.weights_file))).eval()
     spec = manifest.preprocess

@@ -232,7 +232,7 @@ def export_naflex_bundle(checkpoint: str | None, out: Path | None, *, naflex: bo
         raise click.UsageError("--naflex needs a SigLIP 2 --checkpoint (a siglip2 "
                                "save_pretrained directory or hf:ORG/NAME)")
     refuse_for_naflex(precisions, **quant)  # before anything is written
-    from vit_deploy.export.naflex_bundle import (NaFlexBundleOptions, export_naflex_bundle as
+    from vit_deploy.export.naflex.bundle import (NaFlexBundleOptions, export_naflex_bundle as
                                                  write_bundle, siglip2_checkpoint)
     from vit_deploy.export.sources import open_checkpoint
     from vit_deploy.info import BundleSummary

@@ -21,7 +21,7 @@ def refuse_for_naflex(precisions: tuple[str, ...], *, calib: str | None,
     """Exit 2 naming what a SigLIP 2 NaFlex bundle cannot take: a precision other than
     NAFLEX_PRECISIONS, a flag that would not be applied. `export --naflex` asks before it
     writes anything (it once refused --smooth after writing the bundle)."""
-    from vit_deploy.runtime.naflex_contract import NAFLEX_PRECISIONS
+    from vit_deploy.runtime.naflex.contract import NAFLEX_PRECISIONS
 
     other = [p for p in dict.fromkeys(precisions) if p not in ("fp32", *NAFLEX_PRECISIONS)]
     if other:

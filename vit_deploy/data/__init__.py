@@ -65,6 +65,22 @@ def photo_paths(role: str) -> list[Path]:
     return sorted(data_path("photos").glob(f"{role}-*.jpg"))
 
 
+def photos_at_ratios(role: str, sizes) -> list[np.ndarray]:
+    """The shipped photographs of `role`, the i-th centre-cropped to the aspect ratio of
+    sizes[i] = (H, W) (as many photographs as sizes, at most), as (h, w, 3) uint8 arrays:
+    real images at aspect ratios 1:4 .. 4:1 for a NaFlex bundle's cases."""
+    from PIL import Image
+
+    out = []
+    for path, (h, w) in zip(photo_paths(role), sizes):
+        image = np.asarray(Image.open(path).convert("RGB"))
+        H, W = image.shape[:2]
+        ch, cw = (H, min(W, round(H * w / h))) if W * h >= H * w else (min(H, round(W * h / w)), W)
+        top, left = (H - ch) // 2, (W - cw) // 2
+        out.append(np.ascontiguousarray(image[top:top + ch, left:left + cw]))
+    return out
+
+
 def data_path(name: str) -> Path:
     return Path(str(resources.files(__package__) / name))
 

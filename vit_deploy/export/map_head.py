@@ -4,7 +4,7 @@ SiglipMultiheadAttentionPoolingHead (an nn.MultiheadAttention, here written out 
 scaled_dot_product_attention so the batch stays separate and the export stays plain).
 
 A dense patch grid needs no attention mask (SigLIP 2's pixel_attention_mask is all ones
-for it); NaFlex inputs (naflex.py) pass their padding mask.
+for it); NaFlex inputs (naflex/model.py) pass their padding mask.
 Shapes in comments: B batch, T tokens, D width, h heads, d head dim.
 """
 

@@ -65,7 +65,7 @@ class Attention(nn.Module):
         `size` (B, T, 1): how many patches each token stands for after merging; ToMe's
         proportional attention adds log(size) to every key's logit. `rope`: (cos, sin)
         (1, 1, T, d) rotating queries and keys (DINOv3). `mask` (B, 1, 1, T): added to every
-        key's logit (0 for real tokens, a large negative for padding: NaFlex, naflex.py)."""
+        key's logit (0 for real tokens, a large negative for padding: NaFlex, naflex/model.py)."""
         B, T, D = x.shape
         # One 4-D transpose and a Split: measured 2 % faster in ORT (int8) than the
         # 5-D permute + unbind, which exports as 3 Slice + 3 Squeeze per block.

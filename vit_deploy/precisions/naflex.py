@@ -22,10 +22,11 @@ from vit_deploy.progress import Progress, silent
 from vit_deploy.precisions.quantize import QuantOptions, quantize_model
 from vit_deploy.runtime.contract import PRECISION_FILES
 from vit_deploy.runtime.manifest import Manifest
-from vit_deploy.runtime.naflex import NAFLEX_OUTPUTS
-from vit_deploy.runtime.naflex_contract import NAFLEX_PRECISIONS
-from vit_deploy.runtime.naflex_references import REFERENCE_CASES, reference_image
-from vit_deploy.runtime.naflex_session import NaFlexSession
+from vit_deploy.runtime.naflex.contract import NAFLEX_OUTPUTS
+from vit_deploy.runtime.naflex.contract import NAFLEX_PRECISIONS
+from vit_deploy.runtime.naflex.references import (NAFLEX_SIZES, REFERENCE_CASES,
+                                                  reference_image)
+from vit_deploy.runtime.naflex.session import NaFlexSession
 from vit_deploy.runtime.ort_session import RuntimeOptions
 
 JUDGED_ON = ("the 12 shipped photographs at their own aspect ratios, and 6 of them cropped "
@@ -86,20 +87,19 @@ def naflex_eval_batches() -> list[tuple[str, list[np.ndarray]]]:
     """(name, images): the photographs whole, cropped to six ratios, then the noise cases."""
     from PIL import Image
 
-    from vit_deploy.data import photo_paths
-    from vit_deploy.check.naflex import photo_crops
+    from vit_deploy.data import photo_paths, photos_at_ratios
 
     whole = [np.asarray(Image.open(p).convert("RGB"))
              for role in ("calib", "eval") for p in photo_paths(role)]
-    return [("photos", whole), ("photos cropped", photo_crops()),
+    cropped = photos_at_ratios("eval", NAFLEX_SIZES)
+    return [("photos", whole), ("photos cropped", cropped),
             *((name, [reference_image(seed, hw) for seed, hw in images])
               for name, images in REFERENCE_CASES)]
 
 
 def masked(session: NaFlexSession, images: list[np.ndarray]) -> dict[str, np.ndarray]:
-    from vit_deploy.check.naflex import run_masked
-
-    out = run_masked(session, images)
+    """session.outputs, with the mask of the real patches beside them."""
+    out = session.outputs(images)
     out["mask"] = session.preprocess(images).pixel_attention_mask.astype(bool)
     return out
 

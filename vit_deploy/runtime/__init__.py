@@ -15,7 +15,7 @@ from vit_deploy.runtime.preprocess import ImageError, Preprocess, load_image
 from vit_deploy.runtime.providers import ProviderError, available, parse_providers, probe
 from vit_deploy.runtime.ort_session import RuntimeOptions
 from vit_deploy.runtime.results import Classified, Prediction, softmax
-from vit_deploy.runtime.naflex_session import NaFlexFeatures, NaFlexSession, open_session
+from vit_deploy.runtime.naflex.session import NaFlexFeatures, NaFlexSession, open_session
 from vit_deploy.runtime.session import InputError, ViTSession
 
 __all__ = ["BundleError", "Classified", "ImageError", "InputError", "Manifest", "Prediction", "Preprocess",

@@ -30,7 +30,7 @@ from vit_deploy.runtime.files import sha256_file, write_bytes_atomic
 from vit_deploy.runtime.manifest_parts import (BundleError, FileEntry, IOSpec, PreprocessSpec,
                                                TargetSpec, _files, _io, _is_int, _need, _plain,
                                                _preprocess, _safe_name, _targets)
-from vit_deploy.runtime.naflex_references import NaFlexReferences, parse_naflex_references
+from vit_deploy.runtime.naflex.references import NaFlexReferences, parse_naflex_references
 from vit_deploy.runtime.references import References, parse_references
 from vit_deploy.runtime.sizes import format_resolution, require_patch_multiple
 from vit_deploy.runtime.swap import recover_on_open
@@ -57,7 +57,7 @@ class Manifest:
     versions: Mapping[str, str] = field(default_factory=dict)
     targets: Mapping[str, TargetSpec] = field(default_factory=dict)  # edge targets by name
     references: References | None = None  # golden outputs (runtime/references.py); old: none
-    # a NaFlex bundle's golden outputs (runtime/naflex_references.py)
+    # a NaFlex bundle's golden outputs (runtime/naflex/references.py)
     naflex_references: NaFlexReferences | None = None
     format_version: int = BUNDLE_FORMAT_VERSION
 

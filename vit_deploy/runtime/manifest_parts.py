@@ -17,7 +17,7 @@ from vit_deploy.runtime.contract import (BUCKET_POLICIES, INTERPOLATIONS, MANIFE
                                          MIN_CROP_PCT, PRECISIONS, RESIZE_RULES, TARGETS)
 from vit_deploy.runtime.errors import BAD_INPUT, VitDeployError
 from vit_deploy.runtime.files import sha256_file
-from vit_deploy.runtime.naflex_contract import (NAFLEX_INPUT_DTYPES, NAFLEX_INPUTS, NAFLEX_LAYOUT,
+from vit_deploy.runtime.naflex.contract import (NAFLEX_INPUT_DTYPES, NAFLEX_INPUTS, NAFLEX_LAYOUT,
                                                 NAFLEX_RESIZE, PATCH_BUDGET_LIMIT)
 from vit_deploy.runtime.sizes import MAX_SIDE
 
@@ -66,7 +66,7 @@ class IOSpec:
 
     @property
     def naflex(self) -> bool:
-        """SigLIP 2 NaFlex inputs (patches, mask, grids: runtime/naflex_contract.py), not an
+        """SigLIP 2 NaFlex inputs (patches, mask, grids: runtime/naflex/contract.py), not an
         NCHW image."""
         return tuple(i.name for i in self.inputs) == NAFLEX_INPUTS
 
@@ -93,7 +93,8 @@ class PreprocessSpec:
     # resolution (shorter_side_center_crop, squash). None: resize just to cover it.
     crop_pct: float | None = None
     # resize "naflex" (layout "patches"): each image's patch budget, its aspect ratio kept
-    # (runtime/naflex.py); `resolution` is then the native size, which NaFlex does not use.
+    # (runtime/naflex/preprocess.py); `resolution` is then the native size, which NaFlex does
+    # not use.
     max_num_patches: int | None = None
 
     def to_dict(self) -> dict[str, Any]:

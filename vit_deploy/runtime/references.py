@@ -154,6 +154,19 @@ class References:
                           cases=tuple(c for c in self.cases if c.target != target))
 
 
+def place_outputs(outputs: Mapping[str, np.ndarray], blobs: list[bytes], offset: int
+                  ) -> tuple[dict[str, ReferenceOutput], int]:
+    """Each output appended to `blobs` as little-endian float32 from byte `offset`: where
+    each lies, and the offset after them."""
+    where = {}
+    for name, array in outputs.items():
+        data = np.ascontiguousarray(array, dtype="<f4")
+        where[name] = ReferenceOutput(offset, tuple(int(d) for d in data.shape))
+        blobs.append(data.tobytes())
+        offset += data.nbytes
+    return where, offset
+
+
 def pack(cases: list[tuple[ReferenceCase, Mapping[str, np.ndarray]]], *, source: str,
          file: str = REFERENCES_FILE,
          pixels: Mapping[str, np.ndarray] | None = None) -> tuple[References, bytes]:
@@ -164,12 +177,7 @@ def pack(cases: list[tuple[ReferenceCase, Mapping[str, np.ndarray]]], *, source:
     blobs, placed, offset = [], [], 0
     pixels = pixels or {}
     for case, outputs in cases:
-        where = {}
-        for name, array in outputs.items():
-            data = np.ascontiguousarray(array, dtype="<f4")
-            where[name] = ReferenceOutput(offset, tuple(int(d) for d in data.shape))
-            blobs.append(data.tobytes())
-            offset += data.nbytes
+        where, offset = place_outputs(outputs, blobs, offset)
         stored = None
         if case.pixels is not None:
             raw = np.ascontiguousarray(pixels[case.name], dtype=np.uint8)
@@ -222,20 +230,51 @@ def iter_references(path: str | Path, refs: References
                      else case.pixels.input(data, case.shape)), outputs
 
 
+def references_file(data: Any, files: Mapping[str, FileEntry], where: str, at: str,
+                    generator: str | None = None) -> tuple[str, int]:
+    """A references part's frame, {file, generator, source, cases} (`generator`: the one it
+    must name; None: any), checked: (name, size) of its file, one listed under files with
+    role references."""
+    named = repr(generator) if generator else ""
+    _need(isinstance(data, dict) and isinstance(data.get("file"), str)
+          and (data.get("generator") == generator if generator
+               else isinstance(data.get("generator"), str))
+          and isinstance(data.get("source"), str) and isinstance(data.get("cases"), list)
+          and len(data["cases"]) <= MAX_CASES, where, at,
+          f"{{file, generator{': ' + named if named else ''}, source, cases: up to "
+          f"{MAX_CASES}}}", data)
+    file = data["file"]
+    _need(file in files and files[file].role == REFERENCES_ROLE, where, f"{at}.file",
+          f"a file listed under files with role {REFERENCES_ROLE!r}", file)
+    return file, files[file].size
+
+
+def parse_outputs(data: dict, names: set[str], batch: int, file: str, size: int, where: str,
+                  at: str) -> dict[str, ReferenceOutput]:
+    """A case's outputs, {name: {offset, shape}}: outputs the bundle declares, float32 at a
+    byte offset (a multiple of 4), batch first, inside the `size`-byte `file`."""
+    outputs = {}
+    for name, o in data.items():
+        _need(name in names and isinstance(o, dict) and _is_int(o.get("offset"))
+              and o["offset"] % 4 == 0 and isinstance(o.get("shape"), list) and bool(o["shape"])
+              and all(_is_int(v, 1) for v in o["shape"]), where, f"{at}.outputs",
+              f"outputs the bundle declares ({sorted(names)}) with a byte offset (a multiple "
+              f"of 4) and a shape of at least one dimension", {name: o})
+        out = ReferenceOutput(o["offset"], tuple(o["shape"]))
+        _need(out.shape[0] == batch and out.offset + out.nbytes <= size, where,
+              f"{at}.outputs[{name!r}]", f"batch {batch} first, inside the {size}-byte {file}", o)
+        outputs[name] = out
+    return outputs
+
+
 def parse_references(data: Any, files: Mapping[str, FileEntry], io: IOSpec, config: ViTConfig,
                      where: str) -> References | None:
     """The manifest's `references` (None: a bundle from before they existed)."""
     if data is None:
         return None
     at = "references"
-    _need(isinstance(data, dict) and isinstance(data.get("file"), str)
-          and isinstance(data.get("generator"), str) and isinstance(data.get("source"), str)
-          and isinstance(data.get("cases"), list) and len(data["cases"]) <= MAX_CASES, where,
-          at, f"{{file, generator, source, cases: up to {MAX_CASES}}}", data)
-    file = data["file"]
-    _need(file in files and files[file].role == REFERENCES_ROLE, where, f"{at}.file",
-          f"a file listed under files with role {REFERENCES_ROLE!r}", file)
-    size, names = files[file].size, set(io.output_names)
+    file, size = references_file(data, files, where, at)
+    names = set(io.output_names)
     cases = []
     for i, c in enumerate(data["cases"]):
         ca = f"{at}.cases[{i}]"
@@ -249,18 +288,7 @@ def parse_references(data: Any, files: Mapping[str, FileEntry], io: IOSpec, conf
               and (c.get("target") is None or isinstance(c["target"], str)), where, ca,
               "{name, seed: 0..2^32-1, shape: [batch, channels, H, W], outputs: "
               "{name: {offset, shape}}, target?}", c)
-        outputs = {}
-        for name, o in c["outputs"].items():
-            _need(name in names and isinstance(o, dict) and _is_int(o.get("offset"))
-                  and o["offset"] % 4 == 0 and isinstance(o.get("shape"), list)
-                  and all(_is_int(v, 1) for v in o["shape"]), where, f"{ca}.outputs",
-                  f"outputs the bundle declares ({sorted(names)}) with a byte offset (a "
-                  f"multiple of 4) and a shape", {name: o})
-            out = ReferenceOutput(o["offset"], tuple(o["shape"]))
-            _need(out.shape[0] == shape[0] and out.offset + out.nbytes <= size, where,
-                  f"{ca}.outputs[{name!r}]", f"batch {shape[0]} first, inside the "
-                  f"{size}-byte {file}", o)
-            outputs[name] = out
+        outputs = parse_outputs(c["outputs"], names, shape[0], file, size, where, ca)
         pixels = None
         if c.get("pixels") is not None:
             px = c["pixels"]

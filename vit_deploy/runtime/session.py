@@ -21,7 +21,7 @@ from vit_deploy.runtime.cpu import VNNI_CPU, int8_warning, meets
 from vit_deploy.runtime.manifest import Manifest, load_manifest
 from vit_deploy.runtime.manifest_parts import BundleError
 from vit_deploy.runtime.model_scan import inspect_model, int8_weights_need
-from vit_deploy.runtime.naflex_contract import METADATA_NAFLEX_KEY, NAFLEX_NOT_VIT
+from vit_deploy.runtime.naflex.contract import METADATA_NAFLEX_KEY, NAFLEX_NOT_VIT
 from vit_deploy.runtime.ort_session import (RuntimeOptions, _check_manifest_against_model,
                                             _config_from_metadata, _session_options)
 from vit_deploy.runtime.ov_session import create_session

@@ -22,8 +22,8 @@
 //   lib/preprocess.mjs Preprocess, toRGB, pyRound: runtime/preprocess.py
 //   lib/results.mjs    softmax, topK, requireFinite
 //   lib/vit.mjs        the ViT class, bindPlatform
-//   lib/naflex.mjs     SigLIP 2 NaFlex: NaFlex, bindNaFlex (runtime/naflex_session.py)
-//   lib/naflex-preprocess.mjs  NaFlexPreprocess, the NaFlex graph contract (runtime/naflex.py)
+//   lib/naflex.mjs     SigLIP 2 NaFlex: NaFlex, bindNaFlex (runtime/naflex/session.py)
+//   lib/naflex-preprocess.mjs  NaFlexPreprocess, the NaFlex graph contract (runtime/naflex/)
 //   lib/platform-node.mjs, lib/platform-browser.mjs   files, decoding, ONNX Runtime, threads
 import { bindNaFlex } from './lib/naflex.mjs';
 import { bindPlatform } from './lib/vit.mjs';

@@ -7,7 +7,7 @@ import { test } from 'node:test';
 import { NaFlex, NaFlexPreprocess, sizeForMaxNumPatches } from '../src/node.mjs';
 
 test("the patch budget's sizes are transformers' (values from Python)", () => {
-  // vit_deploy.runtime.naflex.size_for_max_num_patches(h, w, patch, budget)
+  // vit_deploy.runtime.naflex.preprocess.size_for_max_num_patches(h, w, patch, budget)
   for (const [args, want] of [[[448, 299, 16, 256], [304, 208]], [[1, 500, 16, 64], [16, 1024]],
     [[2000, 40, 16, 1024], [3264, 80]], [[1, 1, 16, 64], [112, 112]], [[17, 17, 14, 729], [378, 378]]]) {
     assert.deepEqual(sizeForMaxNumPatches(...args), want, show(args));

@@ -14,7 +14,11 @@ function fixturesDir() {
   if (process.env.VIT_DEPLOY_WEB_FIXTURES) return process.env.VIT_DEPLOY_WEB_FIXTURES;
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vit-deploy-web-'));
   const python = process.env.VIT_DEPLOY_PYTHON ?? path.join(root, '.venv', 'bin', 'python');
-  const r = spawnSync(python, [path.join(root, 'tests', 'test_web.py'), dir], { stdio: 'inherit' });
+  // tests/ on the path: the script imports the suite's helpers (web_node.py), as pytest does
+  const env = { ...process.env, PYTHONPATH: [path.join(root, 'tests'), process.env.PYTHONPATH]
+    .filter(Boolean).join(path.delimiter) };
+  const r = spawnSync(python, [path.join(root, 'tests', 'website', 'test_web.py'), dir],
+    { stdio: 'inherit', env });
   if (r.status !== 0) throw new Error(`${python} tests/website/test_web.py ${dir} failed (${r.status ?? r.error})`);
   process.env.VIT_DEPLOY_WEB_FIXTURES = dir; // one build for every test file of this run
   return dir;

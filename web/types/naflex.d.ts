@@ -1,5 +1,5 @@
-// SigLIP 2 NaFlex (src/lib/naflex.mjs): runtime/naflex.py's preprocessing and the exported
-// NaFlex graph. Each entry declares the NaFlex class for its platform's images.
+// SigLIP 2 NaFlex (src/lib/naflex.mjs): runtime/naflex/preprocess.py's preprocessing and the
+// exported NaFlex graph. Each entry declares the NaFlex class for its platform's images.
 import type { CheckCase, CheckOptions, CheckReport, Pixels } from './common.js';
 
 /** [H, W] a height x width image is resized to: transformers'

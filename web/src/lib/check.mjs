@@ -4,7 +4,7 @@
 // tests/website/test_web_constants.py), into the report every runtime writes (schema
 // "vit-deploy-report" v1: Python's `check --json`, Node's and the page's `vit.check()`).
 // A SigLIP 2 NaFlex bundle's references (manifest `naflex_references`: seeded RGB images of
-// several aspect ratios, runtime/naflex_references.py) are read and judged here too
+// several aspect ratios, runtime/naflex/references.py) are read and judged here too
 // (`naflex.check()`), as Python's check/naflex.py judges them.
 import { BundleError, isInt, MAX_SIDE, show } from './common.mjs';
 
@@ -18,7 +18,7 @@ export const COSINE_MIN = Object.freeze({ fp32: 0.99999, fp16: 0.999, int8: 0.99
 export const REPORT_SCHEMA = 'vit-deploy-report';
 export const REPORT_SCHEMA_VERSION = 1;
 export const GENERATOR = 'mulberry32-uniform-v1';
-const NAFLEX_GENERATOR = 'mulberry32-rgb8-v1'; // runtime/naflex_references.py's images
+const NAFLEX_GENERATOR = 'mulberry32-rgb8-v1'; // runtime/naflex/references.py's images
 const NAFLEX_MAX_IMAGES = 64; // a case's, as Python's MAX_IMAGES
 const NAFLEX_MAX_CASES = 64; // as Python's references.MAX_CASES
 const NAFLEX_MAX_VALUES = 2 ** 24; // H x W x 3 over a case's images, as Python's MAX_VALUES
@@ -221,7 +221,7 @@ export async function verifyReferences(bytes, references, url) {
 // -- SigLIP 2 NaFlex: images of several aspect ratios, patches, a mask ----------------------
 /**
  * A NaFlex reference image, regenerated (generator "mulberry32-rgb8-v1", Python's
- * naflex_references.reference_image): mulberry32-uniform-v1's values for (H, W, 3) mapped
+ * runtime/naflex/references.py reference_image): mulberry32-uniform-v1's values for (H, W, 3) mapped
  * to bytes, floor((u + 2) · 64) -> { data: Uint8Array (H, W, 3), width, height, channels: 3 }.
  */
 export function naflexImage(seed, [height, width]) {

@@ -1,4 +1,4 @@
-// SigLIP 2 NaFlex preprocessing in JavaScript: vit_deploy/runtime/naflex.py's contract and
+// SigLIP 2 NaFlex preprocessing in JavaScript: vit_deploy/runtime/naflex/'s contract and
 // NaFlexPreprocess, the same floats as transformers' Siglip2ImageProcessor(Pil). Each image
 // keeps its aspect ratio: it is resized (Pillow's bilinear, antialiased on downscale:
 // resample.mjs, as the NCHW path) to the largest patch grid (gh, gw) of at most
@@ -10,7 +10,7 @@ import { checkNormalization } from './manifest.mjs';
 import { toRGB } from './preprocess.mjs';
 import { resize } from './resample.mjs';
 
-// The graph's contract (runtime/naflex.py): transformers' input names.
+// The graph's contract (runtime/naflex/preprocess.py): transformers' input names.
 export const PIXEL_VALUES = 'pixel_values'; // (B, N, C*P*P) float32, normalised patches
 export const ATTENTION_MASK = 'pixel_attention_mask'; // (B, N) int32: 1 real, 0 padding
 export const SPATIAL_SHAPES = 'spatial_shapes'; // (B, 2) int64: each image's (gh, gw)

@@ -1,6 +1,7 @@
 // SigLIP 2 NaFlex (native aspect ratio) in JavaScript: the exported NaFlex graph
-// (export/naflex_bundle.py's model.onnx) in ONNX Runtime, as Python's
-// runtime/naflex_session.py; its preprocessing (runtime/naflex.py) is naflex-preprocess.mjs.
+// (export/naflex/bundle.py's model.onnx) in ONNX Runtime, as Python's
+// runtime/naflex/session.py; its preprocessing (runtime/naflex/preprocess.py) is
+// naflex-preprocess.mjs.
 // Golden references (naflex_references) are checked by check() (check.mjs judges them).
 // Shapes in comments: B batch, N maxNumPatches, P patch, C channels (3), D width.
 import { naflexCheckReport, naflexReferences, verifyReferences } from './check.mjs';

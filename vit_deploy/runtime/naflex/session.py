@@ -1,4 +1,4 @@
-"""A SigLIP 2 NaFlex graph (export/naflex.py) in ONNX Runtime, torch-free: images of any
+"""A SigLIP 2 NaFlex graph (export/naflex/model.py) in ONNX Runtime, torch-free: images of any
 aspect ratio, one batch, each image's pooled embedding and its patch tokens on its own grid.
 
 The graph carries what this needs in its metadata: our config (patch size, normalisation)
@@ -21,9 +21,10 @@ from vit_deploy.runtime.errors import BAD_INPUT, VitDeployError, require_arg
 from vit_deploy.runtime.manifest import Manifest, load_manifest
 from vit_deploy.runtime.manifest_parts import BundleError
 from vit_deploy.runtime.model_scan import _file_contains, inspect_model
-from vit_deploy.runtime.naflex import (ATTENTION_MASK, METADATA_NAFLEX_KEY, NAFLEX_INPUTS,
-                                       NAFLEX_OUTPUTS, PIXEL_VALUES, SPATIAL_SHAPES,
-                                       MAX_NUM_PATCHES, NaFlexBatch, NaFlexPreprocess)
+from vit_deploy.runtime.naflex.contract import (ATTENTION_MASK, METADATA_NAFLEX_KEY, NAFLEX_INPUTS,
+                                                NAFLEX_OUTPUTS, PIXEL_VALUES, SPATIAL_SHAPES,
+                                                MAX_NUM_PATCHES)
+from vit_deploy.runtime.naflex.preprocess import NaFlexBatch, NaFlexPreprocess
 from vit_deploy.runtime.ort_session import (RuntimeOptions, _config_from_metadata,
                                             _create_session)
 from vit_deploy.runtime.preprocess import ImageInput
@@ -160,6 +161,14 @@ class NaFlexSession:
         return dict(zip(NAFLEX_OUTPUTS, session.run(None, batch.feeds())))
 
     run_all = run  # ViTSession's name for every output by name
+
+    def outputs(self, images: Sequence[ImageInput]) -> dict[str, np.ndarray]:
+        """Images -> every output by name, last_hidden_state's padding rows zeroed (they
+        are not outputs): what check and quantize compare, image by image."""
+        batch = self.preprocess(images)
+        out = self.run(batch)
+        out[NAFLEX_OUTPUTS[1]] = out[NAFLEX_OUTPUTS[1]] * batch.pixel_attention_mask[..., None]
+        return out
 
     def features(self, images: Sequence[ImageInput]) -> NaFlexFeatures:
         """Images (paths, bytes, PIL images or HWC uint8 arrays, any sizes) -> features."""

@@ -20,13 +20,9 @@ import numpy as np
 from PIL import Image
 
 from vit_deploy.runtime.config import check_normalization
+# the graph's contract: transformers' input names, so the processor's output feeds it as is
+from vit_deploy.runtime.naflex.contract import MAX_NUM_PATCHES, NAFLEX_INPUTS, PATCH_BUDGET_LIMIT
 from vit_deploy.runtime.preprocess import ImageInput, load_image
-
-# The graph's contract (runtime/naflex_contract.py): transformers' input names, so the
-# processor's output feeds it as is.
-from vit_deploy.runtime.naflex_contract import (  # noqa: E402,F401  (re-exported)
-    ATTENTION_MASK, BATCH_DIM, LAST_HIDDEN, MAX_NUM_PATCHES, METADATA_NAFLEX_KEY, NAFLEX_INPUTS,
-    NAFLEX_OUTPUTS, PATCH_BUDGET_LIMIT, PATCHES_DIM, PIXEL_VALUES, POOLED, SPATIAL_SHAPES)
 
 _SEARCH_EPS = 1e-5  # transformers' get_image_size_for_max_num_patches: binary-search step
 

@@ -1,6 +1,6 @@
 """SigLIP 2 NaFlex: the graph's contract as data (names, dims, the metadata key, the patch
-budget), imported by the manifest's validation and by runtime/naflex.py alike; imports
-nothing, so the manifest can know a NaFlex bundle without the preprocessing."""
+budget), imported by the manifest's validation and by preprocess.py alike; imports nothing,
+so the manifest can know a NaFlex bundle without the preprocessing."""
 
 PIXEL_VALUES = "pixel_values"  # (batch, num_patches, C*P*P) float32, normalised patches
 ATTENTION_MASK = "pixel_attention_mask"  # (batch, num_patches) int32: 1 real, 0 padding

@@ -16,8 +16,6 @@ JavaScript runtime) so no reader of that part meets inputs it cannot make.
 
 from __future__ import annotations
 
-import math
-
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +24,9 @@ from typing import Any
 import numpy as np
 
 from vit_deploy.runtime.manifest_parts import FileEntry, IOSpec, _is_int, _need
-from vit_deploy.runtime.references import MAX_CASES, REFERENCES_ROLE, mulberry32_uniform
+from vit_deploy.runtime.references import (ReferenceOutput, mulberry32_uniform,
+                                           parse_outputs, place_outputs, read_outputs,
+                                           references_file)
 from vit_deploy.runtime.sizes import MAX_SIDE
 
 NAFLEX_IMAGE_GENERATOR = "mulberry32-rgb8-v1"
@@ -43,21 +43,11 @@ def reference_image(seed: int, size: tuple[int, int]) -> np.ndarray:
     return np.clip(np.floor((u + 2) * 64), 0, 255).astype(np.uint8)
 
 
-@dataclass(frozen=True)
-class NaFlexOutput:
-    offset: int
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return 4 * math.prod(self.shape)  # exact: np.prod of a hand-edited shape wraps
-
-
 @dataclass(frozen=True, kw_only=True)
 class NaFlexCase:
     name: str
     images: tuple[tuple[int, tuple[int, int]], ...]  # (seed, (H, W)) per image
-    outputs: Mapping[str, NaFlexOutput]
+    outputs: Mapping[str, ReferenceOutput]
 
     def inputs(self) -> list[np.ndarray]:
         return [reference_image(seed, size) for seed, size in self.images]
@@ -91,12 +81,7 @@ def pack_naflex(cases: Sequence[tuple[str, Sequence[tuple[int, tuple[int, int]]]
     """(name, images, outputs by name) per case -> the references and their file's bytes."""
     blobs, placed, offset = [], [], 0
     for name, images, outputs in cases:
-        where = {}
-        for out, array in outputs.items():
-            data = np.ascontiguousarray(array, dtype="<f4")
-            where[out] = NaFlexOutput(offset, tuple(int(d) for d in data.shape))
-            blobs.append(data.tobytes())
-            offset += data.nbytes
+        where, offset = place_outputs(outputs, blobs, offset)
         placed.append(NaFlexCase(name=name, outputs=where,
                                  images=tuple((int(s), (int(h), int(w))) for s, (h, w) in images)))
     return NaFlexReferences(file=file, source=source, cases=tuple(placed)), b"".join(blobs)
@@ -105,10 +90,7 @@ def pack_naflex(cases: Sequence[tuple[str, Sequence[tuple[int, tuple[int, int]]]
 def iter_naflex_references(path: str | Path, refs: NaFlexReferences
                            ) -> Iterator[tuple[NaFlexCase, list[np.ndarray], dict[str, np.ndarray]]]:
     """(case, its images, its stored outputs by name) per case."""
-    data = Path(path).read_bytes()
-    for case in refs.cases:
-        outs = {n: np.frombuffer(data, "<f4", int(np.prod(o.shape)), o.offset).reshape(o.shape)
-                for n, o in case.outputs.items()}
+    for case, outs in zip(refs.cases, read_outputs(path, refs)):
         yield case, case.inputs(), outs
 
 
@@ -119,15 +101,8 @@ def parse_naflex_references(data: Any, files: Mapping[str, FileEntry], io: IOSpe
         return None
     at = "naflex_references"
     _need(io.naflex, where, at, "absent from a bundle whose inputs are not NaFlex's", "present")
-    _need(isinstance(data, dict) and isinstance(data.get("file"), str)
-          and data.get("generator") == NAFLEX_IMAGE_GENERATOR
-          and isinstance(data.get("source"), str) and isinstance(data.get("cases"), list)
-          and len(data["cases"]) <= MAX_CASES, where, at, f"{{file, generator: "
-          f"{NAFLEX_IMAGE_GENERATOR!r}, source, cases: up to {MAX_CASES}}}", data)
-    file = data["file"]
-    _need(file in files and files[file].role == REFERENCES_ROLE, where, f"{at}.file",
-          f"a file listed under files with role {REFERENCES_ROLE!r}", file)
-    size, names = files[file].size, set(io.output_names)
+    file, size = references_file(data, files, where, at, generator=NAFLEX_IMAGE_GENERATOR)
+    names = set(io.output_names)
     cases = []
     for i, c in enumerate(data["cases"]):
         ca = f"{at}.cases[{i}]"
@@ -141,18 +116,7 @@ def parse_naflex_references(data: Any, files: Mapping[str, FileEntry], io: IOSpe
               and isinstance(c.get("outputs"), dict) and bool(c["outputs"]), where, ca,
               f"{{name, images: 1..{MAX_IMAGES} of {{seed, size: [H, W]}} ({MAX_VALUES} "
               f"pixel values at most), outputs}}", c)
-        outputs = {}
-        for name, o in c["outputs"].items():
-            _need(name in names and isinstance(o, dict) and _is_int(o.get("offset"))
-                  and o["offset"] % 4 == 0 and isinstance(o.get("shape"), list)
-                  and bool(o["shape"]) and o["shape"][0] == len(images)
-                  and all(_is_int(v, 1) for v in o["shape"]), where, f"{ca}.outputs",
-                  f"outputs the bundle declares ({sorted(names)}), batch {len(images)} "
-                  f"first, at a byte offset (a multiple of 4)", {name: o})
-            out = NaFlexOutput(o["offset"], tuple(o["shape"]))
-            _need(out.offset + out.nbytes <= size, where, f"{ca}.outputs[{name!r}]",
-                  f"inside the {size}-byte {file}", o)
-            outputs[name] = out
+        outputs = parse_outputs(c["outputs"], names, len(images), file, size, where, ca)
         cases.append(NaFlexCase(name=c["name"], outputs=outputs, images=tuple(
             (im["seed"], (im["size"][0], im["size"][1])) for im in images)))
     return NaFlexReferences(file=file, source=data["source"], cases=tuple(cases))

@@ -3,7 +3,7 @@ written: `export_naflex` writes the bare model.onnx (its metadata says NaFlex in
 the config); `export_naflex_bundle` writes a bundle (manifest.json saying NaFlex inputs and
 the patch budget, model.onnx, the weights, golden references on images of six aspect ratios),
 atomically, with the bundle writer's ownership and clobber guard (atomic.py).
-runtime/naflex_session.py opens either.
+runtime/naflex/session.py opens either.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from vit_deploy.atomic import atomic_directory
 from vit_deploy.export.bundle import versions
 from vit_deploy.export.checkpoints import save_weights
 from vit_deploy.export.model import ViT
-from vit_deploy.export.naflex import NaFlexViT, example_inputs, export_naflex_onnx
+from vit_deploy.export.naflex.model import NaFlexViT, example_inputs, export_naflex_onnx
 from vit_deploy.parity import ParityError, ParityReport, judge
 from vit_deploy.progress import Progress, silent
 from vit_deploy.runtime.contract import MODEL_FILE, OPSET
@@ -32,11 +32,12 @@ from vit_deploy.runtime.errors import BAD_INPUT, VitDeployError
 from vit_deploy.runtime.contract import WEIGHTS_FILE, WEIGHTS_ROLE, model_role
 from vit_deploy.runtime.manifest import Manifest
 from vit_deploy.runtime.manifest_parts import FileEntry, IOSpec, PreprocessSpec, TensorSpec
-from vit_deploy.runtime.naflex import (ATTENTION_MASK, BATCH_DIM, MAX_NUM_PATCHES,
-                                       NAFLEX_INPUTS, NAFLEX_OUTPUTS, PATCHES_DIM, PIXEL_VALUES,
-                                       SPATIAL_SHAPES, NaFlexPreprocess)
-from vit_deploy.runtime.naflex_contract import NAFLEX_LAYOUT, NAFLEX_RESIZE
-from vit_deploy.runtime.naflex_references import (REFERENCE_CASES, NaFlexReferences,
+from vit_deploy.runtime.naflex.contract import (ATTENTION_MASK, BATCH_DIM, MAX_NUM_PATCHES,
+                                                NAFLEX_INPUTS, NAFLEX_LAYOUT, NAFLEX_OUTPUTS,
+                                                NAFLEX_RESIZE, PATCHES_DIM, PIXEL_VALUES,
+                                                SPATIAL_SHAPES)
+from vit_deploy.runtime.naflex.preprocess import NaFlexPreprocess
+from vit_deploy.runtime.naflex.references import (REFERENCE_CASES, NaFlexReferences,
                                                   pack_naflex, reference_image)
 from vit_deploy.runtime.references import REFERENCES_FILE, REFERENCES_ROLE
 from vit_deploy.runtime.sizes import guard_tokens

@@ -1,7 +1,7 @@
 """SigLIP 2 NaFlex: the reference model on transformers' native-aspect inputs, and its
 ONNX export (one graph: dynamic batch and number of patches, any mix of aspect ratios).
 
-Inputs are what Siglip2ImageProcessor makes (runtime/naflex.py makes the same without
+Inputs are what Siglip2ImageProcessor makes (runtime/naflex/preprocess.py makes the same without
 torch): patches flattened (row, column, channel) and padded to N, a mask of the real ones,
 and each image's patch grid (gh, gw). The position table is resized per image inside the
 graph as transformers' Siglip2VisionEmbeddings.resize_positional_embeddings does: bilinear
@@ -28,8 +28,8 @@ from vit_deploy.export.onnx import ExportError, _quiet, finalize, validate_onnx
 from vit_deploy.export.pos_embed import LearnedPosEmbed
 from vit_deploy.runtime.contract import OPSET
 from vit_deploy.runtime.files import write_bytes_atomic
-from vit_deploy.runtime.naflex import (BATCH_DIM, METADATA_NAFLEX_KEY, NAFLEX_INPUTS,
-                                       NAFLEX_OUTPUTS, PATCHES_DIM)
+from vit_deploy.runtime.naflex.contract import (BATCH_DIM, METADATA_NAFLEX_KEY, NAFLEX_INPUTS,
+                                                NAFLEX_OUTPUTS, PATCHES_DIM)
 
 # Trace with batch 2 and a prime number of patches (nobody's grid), two images of different
 # aspect ratios, one padded: nothing specialises on a size.
@@ -139,7 +139,7 @@ def example_inputs(cfg, *, batch: int = TRACE_BATCH, patches: int = TRACE_PATCHE
 
 def export_naflex_onnx(model: ViT, dst: str | Path, *, opset: int = OPSET) -> Path:
     """Export `model` in NaFlex mode to `dst` (written atomically); returns `dst`.
-    Inputs and outputs are runtime/naflex.py's NAFLEX_INPUTS / NAFLEX_OUTPUTS, dims
+    Inputs and outputs are runtime/naflex/preprocess.py's NAFLEX_INPUTS / NAFLEX_OUTPUTS, dims
     (batch, num_patches) dynamic."""
     if opset < 18:
         raise ValueError(f"opset must be >= 18, got {opset}")
