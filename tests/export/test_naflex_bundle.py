@@ -357,3 +357,22 @@ def test_a_closed_session_says_so(bundle, images):
     for use in (lambda: s.features(images), lambda: s.run(None)):
         with pytest.raises(RuntimeError, match="this NaFlexSession is closed"):
             use()
+
+
+def test_open_session_takes_the_same_arguments_for_either_input_kind(bundle, tmp_path):
+    """check opens every bundle through open_session with ViTSession's arguments (target
+    too): a NaFlex bundle takes target 'auto' or 'none' and gives the same outputs, and a
+    bucket target it cannot have is named, not ignored."""
+    photo = np.asarray(Image.new("RGB", (48, 20), (200, 40, 90)))
+    with open_session(bundle, target="none", precision="fp32") as s:
+        assert isinstance(s, NaFlexSession) and s.engine.startswith("onnxruntime ")
+        out = s.outputs([photo])
+    with open_session(bundle) as s:
+        again = s.outputs([photo])
+    assert set(out) == set(NAFLEX_OUTPUTS)
+    assert all(np.array_equal(out[n], again[n]) for n in NAFLEX_OUTPUTS)
+    batch = s.preprocess([photo])
+    padding = batch.pixel_attention_mask[0] == 0
+    assert padding.any() and not out[NAFLEX_OUTPUTS[1]][0][padding].any()  # zeroed
+    with pytest.raises(NaFlexInputError, match="target 'mobile': a NaFlex bundle has no bucket"):
+        open_session(bundle, target="mobile")

@@ -9,31 +9,29 @@ patches only; batch independence and determinism on the mixed batch.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from vit_deploy.check.sessions import sessions
 from vit_deploy.data import photos_at_ratios
 from vit_deploy.parity import INDEPENDENCE_ABS_TOL, Invariant, judge
 from vit_deploy.progress import Progress
 from vit_deploy.runtime.manifest import Manifest
-from vit_deploy.runtime.manifest_parts import BundleError
 from vit_deploy.runtime.naflex.contract import NAFLEX_OUTPUTS
 from vit_deploy.runtime.naflex.references import (NAFLEX_SIZES, REFERENCE_CASES,
                                                   iter_naflex_references, reference_image)
 from vit_deploy.runtime.naflex.session import NaFlexSession
-from vit_deploy.runtime.ort_session import RuntimeOptions
-from vit_deploy.runtime.providers import parse_providers, short_name
 
 Case = tuple[str, list[np.ndarray], dict[str, np.ndarray]]  # name, images, reference outputs
 
 
 def check_naflex(bundle: Path, manifest: Manifest, options, precisions: Sequence[str],
-                 report, progress: Progress) -> None:
+                 report, progress: Progress, *, golden: bool) -> None:
     """Fill check.run_check's `report` (a CheckReport) for a NaFlex bundle, by its
-    `options` (check.CheckOptions) and `precisions`."""
+    `options` (check.CheckOptions) and `precisions`, against its golden references
+    (`golden`: run_check chose them) or PyTorch."""
     if options.resolutions:
         raise ValueError("a NaFlex bundle takes each image at its own aspect ratio and patch "
                          "grid: --res cannot apply (its cases span 1:4 to 8:1)")
@@ -41,13 +39,8 @@ def check_naflex(bundle: Path, manifest: Manifest, options, precisions: Sequence
         raise ValueError(f"a NaFlex bundle is checked on one mixed batch of six aspect ratios "
                          f"and on single images: --batch {','.join(map(str, options.batches))} "
                          f"cannot apply")
-    golden = options.reference == "bundle" or (options.reference == "auto" and (
-        importlib.util.find_spec("torch") is None or manifest.weights_file is None))
     if golden:
         refs = manifest.naflex_references
-        if refs is None or not refs.cases:
-            raise BundleError(f"bundle {str(bundle)!r} has no NaFlex golden references: "
-                              f"check it against PyTorch (pip install 'vit-deploy[export]')")
         progress(f"reading the golden references ({len(refs.cases)} cases)")
         cases: list[Case] = [(c.name, images, outs) for c, images, outs in
                              iter_naflex_references(manifest.resolve(bundle, refs.file), refs)]
@@ -60,25 +53,13 @@ def check_naflex(bundle: Path, manifest: Manifest, options, precisions: Sequence
         named.append(("photos", photos_at_ratios("eval", NAFLEX_SIZES)))
         progress(f"running PyTorch on {len(named)} cases")
         cases = [(name, images, forward(images)) for name, images in named]
-    for provider in [p.name for p in parse_providers(list(options.providers))]:
-        for precision in precisions:
-            progress(f"{short_name(provider)} {precision}: creating the session")
-            try:
-                session = NaFlexSession(bundle, provider=provider, precision=precision,
-                                        options=RuntimeOptions(verify=False))
-            except Exception as e:  # ProviderError, or a provider that fails to load it
-                report.unavailable.setdefault(short_name(provider), str(e).splitlines()[0])
-                continue
-            with session:
-                ran = short_name(session.providers[0])
-                engine = "onnxruntime " + __import__("onnxruntime").__version__
-                if engine not in report.engines:
-                    report.engines.append(engine)
-                for name, images, want in cases:
-                    progress(f"{ran} {precision}: {name}")
-                    report.parity.cases += judge_case(session, name, images, want,
-                                                      provider=ran, precision=precision)
-                report.parity.checks += invariants(session, cases[0][1], f"{ran}:{precision}")
+    for ran, precision, session in sessions(bundle, options, tuple(precisions), report,
+                                            progress):
+        for name, images, want in cases:
+            progress(f"{ran} {precision}: {name}")
+            report.parity.cases += judge_case(session, name, images, want,
+                                              provider=ran, precision=precision)
+        report.parity.checks += invariants(session, cases[0][1], f"{ran}:{precision}")
 
 
 def judge_case(session: NaFlexSession, name: str, images: list[np.ndarray],

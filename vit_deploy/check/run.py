@@ -8,7 +8,6 @@ outputs stored in the bundle at export (`bundle`: runtime/references.py, no torc
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from vit_deploy.progress import Progress, silent
 from vit_deploy.runtime.manifest import Manifest, dumps_strict, load_manifest
 from vit_deploy.runtime.providers import parse_providers, short_name
 from vit_deploy.runtime.ort_session import RuntimeOptions
+from vit_deploy.check.sessions import sessions
 from vit_deploy.runtime.session import ViTSession
 from vit_deploy.runtime.sizes import format_resolution, guard_memory
 
@@ -130,14 +130,14 @@ def run_check(bundle: str | Path, options: CheckOptions = CheckOptions(),
     manifest = load_manifest(bundle)  # sizes and hashes checked here
     precisions = options.precisions or tuple(p for p in PRECISIONS if p in manifest.models)
     manifest.require_models(precisions)
-    if manifest.naflex:  # patches + mask + grids: its own cases (check/naflex.py)
+    golden = reference_kind(bundle, manifest, options.reference) == "bundle"
+    if manifest.naflex:  # the other input kind: patches + mask + grids, its own cases
         from vit_deploy.check.naflex import check_naflex
 
-        reference_kind(bundle, manifest, options.reference, naflex=True)  # a known name
         report = CheckReport(str(bundle), ParityReport(), require=options.require)
-        check_naflex(bundle, manifest, options, precisions, report, progress)
+        check_naflex(bundle, manifest, options, precisions, report, progress, golden=golden)
         return report
-    if reference_kind(bundle, manifest, options.reference) == "bundle":
+    if golden:
         return _check_golden(bundle, manifest, options, precisions, progress)
     resolutions = options.resolutions or tuple(
         dict.fromkeys([manifest.deploy_resolution, manifest.native_resolution]))
@@ -153,7 +153,7 @@ def run_check(bundle: str | Path, options: CheckOptions = CheckOptions(),
     progress(f"running PyTorch on {len(inputs)} cases")
     refs = [reference(x) for x in inputs]
     report = CheckReport(str(bundle), ParityReport(), require=options.require)
-    for ran, precision, session in _sessions(bundle, options, precisions, report, progress):
+    for ran, precision, session in sessions(bundle, options, precisions, report, progress):
         report.parity.cases += compare(
             session.run_all, refs, inputs, precision=precision, provider=ran,
             progress=progress, fallback_nodes=len(session.cpu_fallback_nodes()))
@@ -163,16 +163,18 @@ def run_check(bundle: str | Path, options: CheckOptions = CheckOptions(),
     return report
 
 
-def reference_kind(bundle: Path, manifest: Manifest, asked: str, naflex: bool = False) -> str:
-    """'pytorch' or 'bundle' for `asked` (REFERENCES); BundleError where neither can be.
-    `naflex`: only the name is checked (check/naflex.py chooses)."""
+def reference_kind(bundle: Path, manifest: Manifest, asked: str) -> str:
+    """'pytorch' or 'bundle' for `asked` (REFERENCES); BundleError where neither can be. A
+    NaFlex bundle's references are its own part (naflex_references)."""
     if asked not in REFERENCES:
         raise ValueError(f"reference must be one of {list(REFERENCES)}, got {asked!r}")
-    if naflex:
-        return asked
     if asked == "bundle" or (asked == "auto" and (
             importlib.util.find_spec("torch") is None or manifest.weights_file is None)):
-        if manifest.references is None:
+        if manifest.naflex and (manifest.naflex_references is None
+                                or not manifest.naflex_references.cases):
+            raise BundleError(f"bundle {str(bundle)!r} has no NaFlex golden references: "
+                              f"check it against PyTorch (pip install 'vit-deploy[export]')")
+        if not manifest.naflex and manifest.references is None:
             raise BundleError(
                 f"bundle {str(bundle)!r} has no golden references (exported before vit-deploy "
                 f"stored them, or none fit the size bound), so check needs PyTorch to compare "
@@ -185,28 +187,6 @@ def reference_kind(bundle: Path, manifest: Manifest, asked: str, naflex: bool = 
 def golden_reference_text(manifest: Manifest) -> str:
     source = manifest.references.source if manifest.references else "?"
     return f"golden references ({source.replace(' (', ', ').rstrip(')')})"
-
-
-def _sessions(bundle: Path, options: CheckOptions, precisions: tuple[str, ...],
-              report: CheckReport, progress: Progress, target: str = "none",
-              ) -> Iterator[tuple[str, str, ViTSession]]:
-    """(provider that ran, precision, open session) per provider × precision; a provider
-    that is not available (or fails to load the model) goes to report.unavailable."""
-    for provider in [p.name for p in parse_providers(list(options.providers))]:
-        alias = short_name(provider)
-        for precision in precisions:
-            progress(f"{alias} {precision}: creating the session")
-            try:
-                session = ViTSession(bundle, provider=provider, precision=precision,
-                                     options=RuntimeOptions(verify=False),  # verified above
-                                     target=target)  # "none": bucket graphs on their own
-            except Exception as e:  # ProviderError, or a provider that fails to load the model
-                report.unavailable.setdefault(alias, str(e).splitlines()[0])
-                continue
-            with session:
-                if session.engine not in report.engines:
-                    report.engines.append(session.engine)
-                yield short_name(session.providers[0]), precision, session
 
 
 def _invariants(session: ViTSession, ran: str, precision: str, hw: tuple[int, int],
@@ -250,7 +230,7 @@ def _check_golden(bundle: Path, manifest: Manifest, options: CheckOptions,
                          reference=golden_reference_text(manifest))
     own = [(c, x, outs) for c, x, outs in stored if c.target is None]
     C = manifest.config.in_chans
-    for ran, precision, session in _sessions(bundle, options, precisions, report, progress):
+    for ran, precision, session in sessions(bundle, options, precisions, report, progress):
         report.parity.cases += compare(
             session.run_all, [o for _, _, o in own], [x for _, x, _ in own], precision=precision,
             provider=ran, progress=progress, fallback_nodes=len(session.cpu_fallback_nodes()),
@@ -259,7 +239,7 @@ def _check_golden(bundle: Path, manifest: Manifest, options: CheckOptions,
     for name, spec in manifest.targets.items() if options.targets else ():
         cases = [(c, x, outs) for c, x, outs in stored if c.target == name]
         target_precisions = tuple(p for p in spec.precisions if p in precisions)
-        for ran, precision, session in _sessions(bundle, options, target_precisions, report,
+        for ran, precision, session in sessions(bundle, options, target_precisions, report,
                                                  progress, target=name):
             for c, x, outs in cases:
                 if spec.graph(precision, c.resolution) is not None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
 
 from vit_deploy.runtime.contract import MANIFEST_NAME, MODEL_FILE
 from vit_deploy.runtime.errors import BAD_INPUT, VitDeployError, require_arg
@@ -61,9 +62,13 @@ class NaFlexSession:
     def __init__(self, model: str | Path, *,
                  provider: ProviderSpec | Sequence[ProviderSpec] = "cpu",
                  options: RuntimeOptions = RuntimeOptions(), precision: str = "fp32",
-                 max_num_patches: int | None = None):
+                 max_num_patches: int | None = None, target: str | None = "auto"):
         require_arg("NaFlexSession(model)", model, (str, os.PathLike), "a NaFlex bundle "
                     "directory or .onnx file path")
+        if target not in ("auto", "none", None):  # ViTSession's argument, so open_session
+            raise NaFlexInputError(  # passes the same ones to either kind
+                f"target {target!r}: a NaFlex bundle has no bucket graphs (it takes each "
+                f"image at its own aspect ratio); leave target at 'auto' or 'none'")
         require_arg("precision", precision, str, "a precision name such as 'fp32' or 'int8'")
         require_arg("options", options, RuntimeOptions, "a RuntimeOptions(...)")
         providers = parse_providers(provider)
@@ -97,6 +102,7 @@ class NaFlexSession:
         self.session, self.fallback_reason, _ = _create_session(
             path, providers, options, fallback=False)
         self.precision, self.providers = precision, self.session.get_providers()
+        self.engine = f"onnxruntime {ort.__version__}"  # as ViTSession says what ran it
         self.output_names = list(NAFLEX_OUTPUTS)
         meta = self.session.get_modelmeta().custom_metadata_map
         names = ([i.name for i in self.session.get_inputs()],
@@ -220,8 +226,9 @@ class NaFlexSession:
 
 def open_session(model: str | Path, **kwargs: Any) -> ViTSession | NaFlexSession:
     """The session `model` (a bundle, or a .onnx file) needs: NaFlexSession for a NaFlex
-    one, else ViTSession; `kwargs` go to it (NaFlexSession takes provider, options,
-    precision and max_num_patches)."""
+    one, else ViTSession; `kwargs` go to it (both take provider, options, precision and
+    target, which a NaFlex bundle takes as 'auto' or 'none' only; NaFlexSession also
+    max_num_patches)."""
     path = Path(model)
     if (path / MANIFEST_NAME).is_file():
         naflex = load_manifest(path, verify=False).naflex  # the session verifies it
