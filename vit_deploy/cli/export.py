@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -145,11 +146,9 @@ def export(variant_name: str | None, patch: int | None, resolution: tuple[int, i
     from vit_deploy.export.bundle import (ExportOptions, default_bundle_name, export_bundle,
                                           model_from_flags, validate_request)
     from vit_deploy.export.sources import open_checkpoint
-    from vit_deploy.info import BundleSummary
     from vit_deploy.outputs import parse_layers, parse_names
     from vit_deploy.progress import steps
     from vit_deploy.runtime.config import config_from_flags
-    from vit_deploy.runtime.manifest import load_manifest
 
     labels = read_labels(labels_file) if labels_file else None
     src = open_checkpoint(checkpoint, source=source) if checkpoint else None  # hub: fetched
@@ -180,9 +179,20 @@ def export(variant_name: str | None, patch: int | None, resolution: tuple[int, i
                      f"-> {out}")
     with steps(quiet=quiet, title="exporting") as progress:
         result = export_bundle(model, out, options=options, progress=progress)
+    _finish(out, result.report, result.notes, precisions, quant, quiet=quiet)
+
+
+def _finish(out: Path, report: Any, notes: Sequence[str], precisions: tuple[str, ...],
+           quant: dict[str, Any], *, quiet: bool) -> None:
+    """After either input kind's bundle is written: its parity report and notes, the
+    precisions asked for (quantize's step), then the bundle's summary (--quiet: its path)."""
+    from vit_deploy.info import BundleSummary
+    from vit_deploy.runtime.manifest import load_manifest
+
+    screen = console()
     if not quiet:
-        screen.print(result.report)
-    for note in result.notes:
+        screen.print(report)
+    for note in notes:
         if quiet:  # a note is a warning: stderr, beside errors
             click.echo(f"note: {note}", err=True)
         else:
@@ -235,9 +245,7 @@ def export_naflex_bundle(checkpoint: str | None, out: Path | None, *, naflex: bo
     from vit_deploy.export.naflex.bundle import (NaFlexBundleOptions, export_naflex_bundle as
                                                  write_bundle, siglip2_checkpoint)
     from vit_deploy.export.sources import open_checkpoint
-    from vit_deploy.info import BundleSummary
     from vit_deploy.progress import steps
-    from vit_deploy.runtime.manifest import load_manifest
 
     src = open_checkpoint(checkpoint, source=source)
     model = siglip2_checkpoint(src.path, source=src.source)  # UsageError-worthy: exit 2
@@ -257,11 +265,4 @@ def export_naflex_bundle(checkpoint: str | None, out: Path | None, *, naflex: bo
                      f"{options.max_num_patches} patches per image) -> {out}")
     with steps(quiet=quiet, title="exporting") as progress:
         result = write_bundle(model, out, options=options, progress=progress)
-    if not quiet:
-        screen.print(result.report)
-    if any(p != "fp32" for p in precisions):
-        add_precisions(out, precisions, force=False, quiet=quiet, **quant)
-    if quiet:
-        click.echo(str(out))
-        return
-    screen.print(BundleSummary(load_manifest(out), str(out)))
+    _finish(out, result.report, (), precisions, quant, quiet=quiet)
