@@ -9,6 +9,7 @@ calls with strace. The control (ONNX Runtime alone) proves the store would be se
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -116,6 +117,27 @@ def test_no_entry_point_writes_the_event_store_or_connects(tmp_path, bundle, ent
     left, calls = _run(tmp_path, argv)
     assert left == [] and calls == [], (left, calls)
     # nothing of anyone's telemetry either (OpenVINO's keeps its consent and ids in HOME)
+    assert _home_files(tmp_path) == []
+
+
+NODE_SESSION = ("const ort = await import('onnxruntime-node'); "
+                "await ort.InferenceSession.create({model!r});")
+
+
+def test_the_web_packages_own_tests_write_no_event_store(tmp_path, bundle):
+    """`npm test` in web/: the test files import onnxruntime-node themselves (not through the
+    package's loader, which quiets it), so a developer's run kept ONNX Runtime's event store
+    in their home. The test script loads testing/quiet-ort.mjs first; the control, the same
+    session without it, keeps the store."""
+    script = json.loads((ROOT / "web" / "package.json").read_text())["scripts"]["test"]
+    assert script.startswith("node --import ./testing/quiet-ort.mjs --test "), script
+    code = NODE_SESSION.format(model=str(bundle / "model.onnx"))
+    node = ["node", "--input-type=module", "-e", code]
+    left, _ = _run(tmp_path, ["sh", "-c", 'cd web && exec "$@"', "sh", *node])
+    assert "onnxruntime.db" in left  # the control: what an unquieted test file leaves
+    left, calls = _run(tmp_path, ["sh", "-c", 'cd web && exec "$@"', "sh", node[0],
+                                  "--import", "./testing/quiet-ort.mjs", *node[1:]])
+    assert left == [] and calls == [], (left, calls)
     assert _home_files(tmp_path) == []
 
 
