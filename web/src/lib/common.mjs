@@ -134,3 +134,21 @@ export function backendPreference(backend, known) {
   }
   return names;
 }
+
+/**
+ * An ONNX Runtime session of `model` on the backend the platform chose (`chosen`; `backend`:
+ * what was asked): a WebGPU session that cannot be created falls back to WebAssembly, said
+ * in `fallback`, unless WebGPU was asked for by name; any other failure is a BundleError
+ * naming `where`. Returns { session, provider (what runs it), fallback (why not the GPU, or
+ * null) }. ViT.load and NaFlex.load share it.
+ */
+export async function createSession(ort, model, sessionOptions, { chosen, backend, noGpuReason, where }) {
+  try {
+    const session = await ort.InferenceSession.create(model, sessionOptions);
+    return { session, provider: chosen, fallback: chosen === 'webgpu' ? null : noGpuReason ?? null };
+  } catch (e) {
+    if (chosen !== 'webgpu' || backend === 'webgpu') throw new BundleError(`${where}: ONNX Runtime could not create a session (${e.message})`);
+    const session = await ort.InferenceSession.create(model, { ...sessionOptions, executionProviders: ['wasm'] });
+    return { session, provider: 'wasm', fallback: `WebGPU session failed (${e.message}); running on WebAssembly` };
+  }
+}

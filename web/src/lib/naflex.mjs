@@ -5,7 +5,7 @@
 // Golden references (naflex_references) are checked by check() (check.mjs judges them).
 // Shapes in comments: B batch, N maxNumPatches, P patch, C channels (3), D width.
 import { naflexCheckReport, naflexReferences, verifyReferences } from './check.mjs';
-import { BundleError, checkThreads, guardTokens, isInt, METADATA_CONFIG_KEY, show } from './common.mjs';
+import { BundleError, checkThreads, createSession, guardTokens, isInt, METADATA_CONFIG_KEY, show } from './common.mjs';
 import { decodeImage } from './decode.mjs';
 import { bundleFile, int8Recipe } from './manifest.mjs';
 import { ATTENTION_MASK, LAST_HIDDEN, MAX_PATCH, NAFLEX_INPUTS, NAFLEX_OUTPUTS, NaFlexPreprocess, PIXEL_VALUES, POOLED,
@@ -120,17 +120,8 @@ export class NaFlex {
     const { ort, backend: chosen, noGpuReason, gpu } = await platform.loadOrt(backend, ortBase);
     const inputs = await platform.sessionInputs({ ort, backend: chosen, threads, modelURL: url, external, base: new URL('./', url) });
     const sessionOptions = { graphOptimizationLevel: 'all', ...inputs.options };
-    let session;
-    let provider = chosen;
-    let fallback = chosen === 'webgpu' ? null : noGpuReason ?? null;
-    try {
-      session = await ort.InferenceSession.create(inputs.model, sessionOptions);
-    } catch (e) {
-      if (chosen !== 'webgpu' || backend === 'webgpu') throw new BundleError(`${url.href}: ONNX Runtime could not create a session (${e.message})`);
-      provider = 'wasm'; // as ViT.load: WebGPU failed, WebAssembly runs it
-      fallback = `WebGPU session failed (${e.message}); running on WebAssembly`;
-      session = await ort.InferenceSession.create(inputs.model, { ...sessionOptions, executionProviders: ['wasm'] });
-    }
+    const { session, provider, fallback } = await createSession(ort, inputs.model, sessionOptions,
+      { chosen, backend, noGpuReason, where: url.href }); // as ViT.load: WebGPU, else WebAssembly
     const names = [[...session.inputNames], [...session.outputNames]];
     const patchSize = patchSizeOf(session);
     if (JSON.stringify(names) !== JSON.stringify([NAFLEX_INPUTS, NAFLEX_OUTPUTS]) || patchSize === null ||

@@ -2,7 +2,7 @@
 // (bindPlatform, below: what each entry exports). Nothing here knows which platform it is.
 import { checkReport, verifyReferences } from './check.mjs';
 import {
-  BundleError, checkThreads, checkTopK, guardMemory, isGridOutput, isInt, LOGITS,
+  BundleError, checkThreads, checkTopK, createSession, guardMemory, isGridOutput, isInt, LOGITS,
   METADATA_CONFIG_KEY, PATCH_TOKENS, show, WEB_RECORD,
 } from './common.mjs';
 import { decodeImage } from './decode.mjs';
@@ -87,17 +87,8 @@ export class ViT {
     let { model } = inputs;
     const sessionOptions = { graphOptimizationLevel: 'all', ...inputs.options };
     const tFetched = performance.now();
-    let session;
-    let fallback = chosen === 'webgpu' ? null : noGpuReason ?? null;
-    let ranOn = chosen;
-    try {
-      session = await ort.InferenceSession.create(model, sessionOptions);
-    } catch (e) {
-      if (chosen !== 'webgpu' || backend === 'webgpu') throw new BundleError(`${modelURL.href}: ONNX Runtime could not create a session (${e.message})`);
-      fallback = `WebGPU session failed (${e.message}); running on WebAssembly`;
-      ranOn = 'wasm';
-      session = await ort.InferenceSession.create(model, { ...sessionOptions, executionProviders: ['wasm'] });
-    }
+    const { session, provider: ranOn, fallback } = await createSession(ort, model, sessionOptions,
+      { chosen, backend, noGpuReason, where: modelURL.href });
     let cpuWarning, splitBatches;
     try { // the manifest against the config the exporter stored in the model file itself
       checkAgainstModel(manifest, await modelMetadata(await platform.modelReader(model)), modelURL);
