@@ -74,3 +74,11 @@ test("a NaFlex bundle's manifest gives the preprocessing; others are refused by 
     { name: 'BundleError', message: /maxNumPatches must be an integer from 1 to 65536, got 0/ });
   assert.throws(() => naflexManifest({ ...m, models: { fp32: 3 } }), { name: 'BundleError', message: /models must map precisions to files/ });
 });
+
+test('options are checked before anything is read, as ViT.load checks them', async () => {
+  // precision 16 was taken as a name (the model file's error came first); threads too
+  for (const options of [{ threads: 0 }, { allowLarge: 'yes' }, { precision: 16 }]) {
+    await assert.rejects(NaFlex.load('/no-such-bundle', options), (e) => e.name === 'Error' &&
+      /must be/.test(e.message), JSON.stringify(options));
+  }
+});

@@ -152,3 +152,18 @@ export async function createSession(ort, model, sessionOptions, { chosen, backen
     return { session, provider: 'wasm', fallback: `WebGPU session failed (${e.message}); running on WebAssembly` };
   }
 }
+
+/**
+ * What every loader (ViT.load, NaFlex.load) checks before anything is read: the platform
+ * bound to its class (`cls`), threads, precision and allowLarge. Returns { platform,
+ * precision ('fp32'), backend ('auto'), allowLarge (false) }.
+ */
+export function loaderOptions(cls, options) {
+  const { platform } = cls;
+  if (!platform) throw new Error(`${cls.name} has no platform: import it from vit-deploy.mjs, node.mjs or browser.mjs`);
+  const { precision = 'fp32', backend = 'auto', allowLarge = false } = options;
+  if (options.threads != null) checkThreads(options.threads);
+  if (typeof precision !== 'string') throw new Error(`precision must be a string, got ${show(precision)}`);
+  if (typeof allowLarge !== 'boolean') throw new Error(`allowLarge must be true or false, got ${show(allowLarge)}`);
+  return { platform, precision, backend, allowLarge };
+}

@@ -5,7 +5,9 @@
 // Golden references (naflex_references) are checked by check() (check.mjs judges them).
 // Shapes in comments: B batch, N maxNumPatches, P patch, C channels (3), D width.
 import { naflexCheckReport, naflexReferences, verifyReferences } from './check.mjs';
-import { BundleError, checkThreads, createSession, guardTokens, isInt, METADATA_CONFIG_KEY, show } from './common.mjs';
+import {
+  BundleError, checkThreads, createSession, guardTokens, isInt, loaderOptions, METADATA_CONFIG_KEY, show,
+} from './common.mjs';
 import { decodeImage } from './decode.mjs';
 import { bundleFile, int8Recipe } from './manifest.mjs';
 import { ATTENTION_MASK, LAST_HIDDEN, MAX_PATCH, NAFLEX_INPUTS, NAFLEX_OUTPUTS, NaFlexPreprocess, PIXEL_VALUES, POOLED,
@@ -107,10 +109,7 @@ export class NaFlex {
    * the graph's pixel_values input (and must be the manifest's).
    */
   static async load(model, options = {}) {
-    const { platform } = this;
-    if (!platform) throw new Error('NaFlex has no platform: import it from vit-deploy.mjs, node.mjs or browser.mjs');
-    const { precision = 'fp32', backend = 'auto', allowLarge = false } = options;
-    if (typeof allowLarge !== 'boolean') throw new Error(`allowLarge must be true or false, got ${show(allowLarge)}`);
+    const { platform, precision, backend, allowLarge } = loaderOptions(this, options);
     const given = Object.fromEntries(['maxNumPatches', 'mean', 'std'].filter((k) => options[k] !== undefined)
       .map((k) => [k, options[k]]));
     new NaFlexPreprocess(given); // checked before reading

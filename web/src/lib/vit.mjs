@@ -2,7 +2,7 @@
 // (bindPlatform, below: what each entry exports). Nothing here knows which platform it is.
 import { checkReport, verifyReferences } from './check.mjs';
 import {
-  BundleError, checkThreads, checkTopK, createSession, guardMemory, isGridOutput, isInt, LOGITS,
+  BundleError, checkThreads, checkTopK, createSession, guardMemory, isGridOutput, isInt, loaderOptions, LOGITS,
   METADATA_CONFIG_KEY, PATCH_TOKENS, show, WEB_RECORD,
 } from './common.mjs';
 import { decodeImage } from './decode.mjs';
@@ -51,12 +51,7 @@ export class ViT {
    * RuntimeOptions.allow_large). The options are checked before anything is read.
    */
   static async load(source, options = {}) {
-    const { platform } = this;
-    if (!platform) throw new Error('ViT has no platform: import it from vit-deploy.mjs, node.mjs or browser.mjs');
-    const { precision = 'fp32', backend = 'auto', allowLarge = false } = options;
-    if (options.threads != null) checkThreads(options.threads);
-    if (typeof precision !== 'string') throw new Error(`precision must be a string, got ${show(precision)}`);
-    if (typeof allowLarge !== 'boolean') throw new Error(`allowLarge must be true or false, got ${show(allowLarge)}`);
+    const { platform, precision, backend, allowLarge } = loaderOptions(this, options);
     const base = bundleURL(source, platform);
     const t0 = performance.now();
     const raw = await readJSON(platform, new URL('manifest.json', base), 'manifest');
