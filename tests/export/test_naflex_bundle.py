@@ -367,10 +367,12 @@ def test_open_session_takes_the_same_arguments_for_either_input_kind(bundle, tmp
     with open_session(bundle, target="none", precision="fp32") as s:
         assert isinstance(s, NaFlexSession) and s.engine.startswith("onnxruntime ")
         out = s.outputs([photo])
+        prepared = s.outputs(s.preprocess([photo]))  # a NaFlexBatch made once, as quantize does
     with open_session(bundle) as s:
         again = s.outputs([photo])
     assert set(out) == set(NAFLEX_OUTPUTS)
-    assert all(np.array_equal(out[n], again[n]) for n in NAFLEX_OUTPUTS)
+    assert all(np.array_equal(out[n], again[n]) and np.array_equal(out[n], prepared[n])
+               for n in NAFLEX_OUTPUTS)
     batch = s.preprocess([photo])
     padding = batch.pixel_attention_mask[0] == 0
     assert padding.any() and not out[NAFLEX_OUTPUTS[1]][0][padding].any()  # zeroed

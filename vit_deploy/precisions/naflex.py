@@ -22,8 +22,7 @@ from vit_deploy.progress import Progress, silent
 from vit_deploy.precisions.quantize import QuantOptions, quantize_model
 from vit_deploy.runtime.contract import PRECISION_FILES
 from vit_deploy.runtime.manifest import Manifest
-from vit_deploy.runtime.naflex.contract import NAFLEX_OUTPUTS
-from vit_deploy.runtime.naflex.contract import NAFLEX_PRECISIONS
+from vit_deploy.runtime.naflex.contract import NAFLEX_OUTPUTS, NAFLEX_PRECISIONS
 from vit_deploy.runtime.naflex.references import (NAFLEX_SIZES, REFERENCE_CASES,
                                                   reference_image)
 from vit_deploy.runtime.naflex.session import NaFlexSession
@@ -99,9 +98,8 @@ def naflex_eval_batches() -> list[tuple[str, list[np.ndarray]]]:
 
 def masked(session: NaFlexSession, images: list[np.ndarray]) -> dict[str, np.ndarray]:
     """session.outputs, with the mask of the real patches beside them."""
-    out = session.outputs(images)
-    out["mask"] = session.preprocess(images).pixel_attention_mask.astype(bool)
-    return out
+    batch = session.preprocess(images)
+    return {**session.outputs(batch), "mask": batch.pixel_attention_mask.astype(bool)}
 
 
 def judge_tokens(want, got, session, images, precision):

@@ -168,10 +168,10 @@ class NaFlexSession:
 
     run_all = run  # ViTSession's name for every output by name
 
-    def outputs(self, images: Sequence[ImageInput]) -> dict[str, np.ndarray]:
-        """Images -> every output by name, last_hidden_state's padding rows zeroed (they
-        are not outputs): what check and quantize compare, image by image."""
-        batch = self.preprocess(images)
+    def outputs(self, images: Sequence[ImageInput] | NaFlexBatch) -> dict[str, np.ndarray]:
+        """Images (or their NaFlexBatch, prepared) -> every output by name, last_hidden_state's
+        padding rows zeroed (they are not outputs): what check and quantize compare."""
+        batch = images if isinstance(images, NaFlexBatch) else self.preprocess(images)
         out = self.run(batch)
         out[NAFLEX_OUTPUTS[1]] = out[NAFLEX_OUTPUTS[1]] * batch.pixel_attention_mask[..., None]
         return out
