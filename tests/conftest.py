@@ -357,9 +357,13 @@ LONGEST_FIRST = ["test_trained_dinov2s.py",  # ~240 (2026-12-04): the trained DI
                  "test_docs_snippets.py",  # every docs page's snippets in order (~75 s of CPU)
                  "test_ray.py",  # ~110: a two-node Ray cluster, Serve and Data on it
                  "test_install.py",  # 74: the wheel in fresh venvs, every platform resolved
+                 "test_telemetry.py",  # 67 (2026-12-06, AVX-512 EPYC): every command traced
                  "test_readme.py",  # 49: the README's ViT-B/16 export
+                 "test_htp.py",  # 47 (2026-12-06): Qualcomm's HTP emulator
                  "test_web.py", "test_server_hostile.py", "test_photos.py",  # 42, 38, 35
+                 "test_bench.py",  # 30 (2026-12-06)
                  "test_checkpoints.py",  # 26
+                 "test_openvino.py", "test_published.py",  # 25, 25 (2026-12-06)
                  "test_tome.py", "test_sweep.py", "test_reliability.py",  # 25, 24, 23
                  "test_int8_cpu.py", "test_families.py", "test_recovery.py",  # 22, 18, 17
                  "test_ownership.py", "test_dense.py", "test_server_v2.py",  # 17, 16, 11
