@@ -59,3 +59,21 @@ def test_wrong_model_fails_check_with_a_table(quantised_bundle, tmp_path, make_t
     (swapped / "manifest.json").write_text(json.dumps(manifest))
     r = CliRunner().invoke(main, ["check", str(swapped), "--precision", "fp32", "--batch", "1"])
     assert r.exit_code == 1 and "FAIL" in r.output
+
+
+def test_bucket_graphs_are_checked_against_pytorch_at_their_own_size(quantised_bundle, tmp_path):
+    """Each target's bucket graph is judged against PyTorch at its own size, every batch
+    asked for, through the same session loop as the dynamic graph (check/sessions.py)."""
+    from vit_deploy.targets.build import TargetOptions, add_target
+
+    bundle = tmp_path / "b"
+    shutil.copytree(quantised_bundle, bundle)
+    add_target(bundle, TargetOptions(target="cpu", buckets=((16, 24),)))
+    report = run_check(bundle, CheckOptions(reference="pytorch", precisions=("fp32", "int8"),
+                                            batches=(1, 3)))
+    assert report, report.to_markdown()
+    buckets = [(c.provider, c.precision, c.resolution, c.batch) for c in report.parity.cases
+               if "bucket" in c.provider]
+    assert sorted(buckets) == [("cpu (bucket cpu)", p, (16, 24), b)
+                               for p in ("fp32", "int8") for b in (1, 3)]
+    assert report.engines and not report.unavailable

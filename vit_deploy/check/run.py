@@ -21,8 +21,6 @@ from vit_deploy.outputs import OutputSelection
 from vit_deploy.parity import Forward, ParityReport, batch_independence, compare, determinism, sample_inputs
 from vit_deploy.progress import Progress, silent
 from vit_deploy.runtime.manifest import Manifest, dumps_strict, load_manifest
-from vit_deploy.runtime.providers import parse_providers, short_name
-from vit_deploy.runtime.ort_session import RuntimeOptions
 from vit_deploy.check.sessions import sessions
 from vit_deploy.runtime.session import ViTSession
 from vit_deploy.runtime.sizes import format_resolution, guard_memory
@@ -259,23 +257,14 @@ def _check_buckets(bundle: Path, manifest: Manifest, options: CheckOptions,
         for hw in spec.resolutions:
             inputs = [sample_inputs(hw, b, channels=C, seed=5) for b in options.batches]
             refs = [reference(x) for x in inputs]
-            for provider in [p.name for p in parse_providers(list(options.providers))]:
-                for precision in [p for p in spec.precisions if p in precisions]:
-                    if spec.graph(precision, hw) is None:
-                        continue
-                    try:
-                        session = ViTSession(bundle, provider=provider, precision=precision,
-                                             options=RuntimeOptions(verify=False), target=name)
-                    except Exception as e:  # as above: reported, not raised
-                        report.unavailable.setdefault(short_name(provider),
-                                                      str(e).splitlines()[0])
-                        continue
-                    with session:
-                        ran = short_name(session.providers[0])
-                        progress(f"{ran} {precision}: bucket {hw[0]}x{hw[1]} of target {name}")
-                        report.parity.cases += compare(
-                            session.run_all, refs, inputs, precision=f"{precision}",
-                            provider=f"{ran} (bucket {name})", progress=progress)
+            graphs = tuple(p for p in spec.precisions
+                           if p in precisions and spec.graph(p, hw) is not None)
+            for ran, precision, session in sessions(bundle, options, graphs, report, progress,
+                                                    target=name):
+                progress(f"{ran} {precision}: bucket {hw[0]}x{hw[1]} of target {name}")
+                report.parity.cases += compare(
+                    session.run_all, refs, inputs, precision=precision,
+                    provider=f"{ran} (bucket {name})", progress=progress)
 
 
 def _torch_reference(bundle: Path, manifest: Manifest) -> Forward:
