@@ -378,3 +378,8 @@ def test_open_session_takes_the_same_arguments_for_either_input_kind(bundle, tmp
     assert padding.any() and not out[NAFLEX_OUTPUTS[1]][0][padding].any()  # zeroed
     with pytest.raises(NaFlexInputError, match="target 'mobile': a NaFlex bundle has no bucket"):
         open_session(bundle, target="mobile")
+    with open_session(bundle) as s:  # outputs checks its argument at the door, as features
+        with pytest.raises(TypeError, match="images must be an image .* got int"):
+            s.outputs(3)
+    with pytest.raises(RuntimeError, match="closed"):
+        s.outputs([photo])

@@ -171,20 +171,25 @@ class NaFlexSession:
     def outputs(self, images: Sequence[ImageInput] | NaFlexBatch) -> dict[str, np.ndarray]:
         """Images (or their NaFlexBatch, prepared) -> every output by name, last_hidden_state's
         padding rows zeroed (they are not outputs): what check and quantize compare."""
-        batch = images if isinstance(images, NaFlexBatch) else self.preprocess(images)
+        batch = images if isinstance(images, NaFlexBatch) else self._batch(images)
         out = self.run(batch)
         out[NAFLEX_OUTPUTS[1]] = out[NAFLEX_OUTPUTS[1]] * batch.pixel_attention_mask[..., None]
         return out
 
-    def features(self, images: Sequence[ImageInput]) -> NaFlexFeatures:
-        """Images (paths, bytes, PIL images or HWC uint8 arrays, any sizes) -> features."""
+    def _batch(self, images: Sequence[ImageInput]) -> NaFlexBatch:
+        """One image or a list of them, checked at the door (a closed session, a wrong
+        type), preprocessed into one batch."""
         self._live()
         if isinstance(images, (str, os.PathLike, bytes, bytearray, np.ndarray)) \
                 or hasattr(images, "getpixel"):
             images = [images]  # one image, as ViTSession takes it
         require_arg("images", images, (list, tuple), "an image (path, bytes, PIL image, HWC "
                     "uint8 array) or a list of them")
-        batch = self.preprocess(images)
+        return self.preprocess(images)
+
+    def features(self, images: Sequence[ImageInput]) -> NaFlexFeatures:
+        """Images (paths, bytes, PIL images or HWC uint8 arrays, any sizes) -> features."""
+        batch = self._batch(images)
         out = self.run(batch)
         tokens = [last[:gh * gw].reshape(gh, gw, -1) for last, (gh, gw)
                   in zip(out[NAFLEX_OUTPUTS[1]], batch.spatial_shapes.tolist())]
