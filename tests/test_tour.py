@@ -1,8 +1,8 @@
 """The README's tour, followed in order as a new user would after `make export`: every
 command line, the Python snippet and the JavaScript one run on a CPU-only machine, with the
 images the package ships. ViT-B/16 lines run on the tiny model with the same flags (the
-bundle keeps the README's name), the sweep times one round instead of three; a few lines
-cannot run here and say why below."""
+bundle keeps the README's name), the sweep runs the corners of its grid and times one round
+instead of three; a few lines cannot run here and say why below."""
 
 from __future__ import annotations
 
@@ -54,8 +54,8 @@ def _argv(cmd: str) -> list[str] | None:
     argv = shlex.split(cmd)
     if argv[:2] == ["vit-deploy", "export"]:  # what make export runs, on the tiny model
         argv += ["--model", "tiny", "--out", "vit-B16-448"]
-    if argv[:2] == ["vit-deploy", "sweep"]:  # one timing round, not three: the same code
-        argv += ["--rounds", "1"]  # path (rounds repeat it; tests/test_sweep.py times rounds)
+    if argv[:2] == ["vit-deploy", "sweep"]:
+        argv = [*_corners(argv), "--rounds", "1"]
     if argv[:2] == ["vit-deploy", "web"]:
         argv = [a for a in argv if a != "--serve"]  # serving is tested in tests/website/test_web.py
     if argv[0] == "vit-deploy":
@@ -63,6 +63,27 @@ def _argv(cmd: str) -> list[str] | None:
     if argv[0] == "python":
         return [sys.executable, *argv[1:]]
     return argv
+
+
+def _corners(argv: list[str]) -> list[str]:
+    """The sweep's grid cut to its corners (the first and last patch size and merge amount):
+    the same loops, exports and Pareto front on 4 configurations instead of 9; each one is a
+    torch.onnx.export of a token-merging graph (5-10 s on a loaded core: 9 of them were half
+    the test). One timing round, not three: rounds repeat the same code path
+    (tests/test_sweep.py times rounds)."""
+    out = list(argv)
+    for flag in ("--patch", "--merge-tokens"):
+        values = out[out.index(flag) + 1].split(",")
+        out[out.index(flag) + 1] = ",".join([values[0], values[-1]] if len(values) > 2 else values)
+    return out
+
+
+def test_the_sweep_line_runs_on_the_corners_of_its_grid():
+    line = next(t for k, t in tour() if k == "shell" and t.startswith("vit-deploy sweep"))
+    argv = _argv(line)
+    assert argv[argv.index("--patch") + 1] == "8,32"
+    assert argv[argv.index("--merge-tokens") + 1] == "0,12"
+    assert argv[-2:] == ["--rounds", "1"] and "--budget-ms" in argv
 
 
 @pytest.mark.heavy
