@@ -67,8 +67,13 @@ def _run(tmp_path: Path, argv: list[str], *, traced: bool = True,
     assert strace, "strace is missing: `make test` installs it (Makefile, SYSTEM_STAMP)"
     if not traced:
         trace.write_text("")
-    r = subprocess.run(_offline([strace, "-f", "-qq", "-e", "trace=connect,sendto,sendmsg",
-                                 "-o", str(trace), *argv]) if traced else argv,
+    # --seccomp-bpf: the traced processes stop only at the three calls asked for, not at
+    # every system call (an export under strace: 29 s with, 10 s without stops at each call,
+    # 9 s untraced; the same calls recorded); where the kernel refuses the filter, strace
+    # says so and stops at every call as before
+    r = subprocess.run(_offline([strace, "-f", "--seccomp-bpf", "-qq", "-e",
+                                 "trace=connect,sendto,sendmsg", "-o", str(trace), *argv])
+                       if traced else argv,
                        env=env | extra, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-2000:]
     store = home / STORE
