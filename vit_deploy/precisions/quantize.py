@@ -181,7 +181,7 @@ def quantize_model(src: str | Path, dst: str | Path, *, precision: str,
         src_tmp, out_tmp = Path(tmp) / "in.onnx", Path(tmp) / "out.onnx"
         onnx.save(model, str(src_tmp))
         if precision == "int8":
-            _int8_dynamic(src_tmp, out_tmp, list(chosen.values()), options)
+            _int8_dynamic(src_tmp, out_tmp, model, list(chosen.values()), options)
             recipe.update(weights=_weights_text(options),
                           activations="uint8, quantised at run time",
                           cpu_needs=REQUIREMENT_TEXT[options.cpu])
@@ -265,16 +265,25 @@ def _gemm_to_matmul(model: onnx.ModelProto, name: str) -> None:
         model.graph.initializer.remove(inits[node.input[1]])
 
 
-def _int8_dynamic(src: Path, dst: Path, nodes: list[str], options: QuantOptions) -> None:
+def _int8_dynamic(src: Path, dst: Path, model: onnx.ModelProto, nodes: list[str],
+                  options: QuantOptions) -> None:
+    """ORT's quantize_dynamic of `src` (`model`, saved), the per-channel weight scales found
+    for each tensor at once (weights.py: the same bytes, in half the time)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from vit_deploy.precisions.weights import per_channel_overrides
 
     if not nodes:
         raise ValueError("every linear layer is excluded: nothing to quantise")
+    extra: dict[str, Any] = {"MatMulConstBOnly": True}
+    if options.per_channel:
+        extra["TensorQuantOverrides"] = per_channel_overrides(
+            model, nodes, reduce_range=options.reduce_range)
     with _quiet_quantizer():
         quantize_dynamic(str(src), str(dst), op_types_to_quantize=["MatMul", "Gemm"],
                          nodes_to_quantize=nodes, per_channel=options.per_channel,
                          reduce_range=options.reduce_range, weight_type=QuantType.QInt8,
-                         extra_options={"MatMulConstBOnly": True})
+                         extra_options=extra)
 
 
 @contextlib.contextmanager
