@@ -76,3 +76,13 @@ def test_quantize_hands_the_scales_to_onnx_runtime(tiny_bundle, tmp_path, monkey
     monkeypatch.setattr(weights, "per_channel_overrides", lambda *a, **k: {})
     quantize_model(src, tmp_path / "theirs.onnx", precision="int8")
     assert (tmp_path / "ours.onnx").read_bytes() == (tmp_path / "theirs.onnx").read_bytes()
+
+
+def test_a_weight_that_is_not_finite_is_left_to_onnx_runtimes_own_checks():
+    model = _graph()
+    v = model.graph.initializer[1]
+    broken = numpy_helper.to_array(v).copy()
+    broken[0, 2] = np.nan
+    v.CopyFrom(numpy_helper.from_array(broken, "v"))
+    assert set(weights.per_channel_overrides(model, ["first", "second"],
+                                             reduce_range=False)) == {"w"}

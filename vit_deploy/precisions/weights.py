@@ -24,7 +24,7 @@ def per_channel_overrides(model: onnx.ModelProto, nodes: Iterable[str], *,
                           reduce_range: bool) -> dict[str, list[dict[str, Any]]]:
     """{weight name: one {axis, scale, zero_point} per output channel} for the MatMul nodes
     of `nodes` whose weight is a 2-D float32 initialiser (what ORT quantises per channel
-    along axis 1); other nodes are left to ORT's own loop."""
+    along axis 1); other nodes, and weights that are not finite, are left to ORT's own loop."""
     from onnxruntime.quantization.quant_utils import get_qmin_qmax_for_qType
 
     qmin, qmax = get_qmin_qmax_for_qType(onnx.TensorProto.INT8, reduce_range=reduce_range,
@@ -42,6 +42,8 @@ def per_channel_overrides(model: onnx.ModelProto, nodes: Iterable[str], *,
             continue
         absmax = np.maximum(np.abs(np.minimum(w.min(axis=0), 0)),
                             np.abs(np.maximum(w.max(axis=0), 0)))  # float32, as ORT's
+        if not np.isfinite(absmax).all():
+            continue  # a NaN or inf weight (a damaged file): ORT's own checks meet it
         scale = 2.0 * absmax.astype(np.float64) / steps
         scale = np.where(scale < np.finfo(np.float32).tiny, 1.0, scale).astype(np.float32)
         overrides[node.input[1]] = [{"axis": 1, "scale": s, "zero_point": np.int8(0)}
