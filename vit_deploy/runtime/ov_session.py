@@ -10,9 +10,10 @@ which OpenVINO's CPU plugin runs faster (measured: docs/cpu-speed.md). It is com
 with the LATENCY hint, RuntimeOptions.threads as INFERENCE_NUM_THREADS, and its inference
 precision RuntimeOptions.float_precision: f32 by default (on CPUs with AMX it would otherwise
 run what is not int8 in bf16, outside the fp32 tolerance), bf16 where asked (refused where
-the device would not run it). OpenVINOSession offers the part of ort.InferenceSession that
-ViTSession and the bucket runner use (get_providers, get_inputs, get_outputs,
-get_modelmeta, run), so preprocessing, outputs, checks and results are the same code.
+the device would not run it or lists no BF16 among its capabilities: OpenVINO 2026 emulates
+it on AVX-512 CPUs without BF16, slower than f32). OpenVINOSession offers the part of
+ort.InferenceSession that ViTSession and the bucket runner use (get_providers, get_inputs,
+get_outputs, get_modelmeta, run), so preprocessing, outputs, checks and results are the same code.
 
 create_session() walks the providers asked for in order: runs of ONNX Runtime providers go
 to ort_session (which checks them as before), OpenVINO names come here; the first engine
@@ -84,6 +85,13 @@ class OpenVINOSession:
             raise ProviderError(f"provider {asked!r} asked for, but OpenVINO {self.version} "
                                 f"lists only the device(s) {devices} here: ask for "
                                 f"{[short_name(OPENVINO + d) for d in devices]}")
+        if options.float_precision == "bf16":  # where the device would only emulate it
+            capabilities = list(core.get_property(device, "OPTIMIZATION_CAPABILITIES"))
+            if "BF16" not in capabilities:  # (OpenVINO 2026 does on AVX-512 without BF16)
+                raise ProviderError(
+                    f"provider {asked!r}: float_precision bf16 asked for, but OpenVINO "
+                    f"{self.version} lists no BF16 among {device}'s capabilities "
+                    f"{capabilities} (bf16 needs a CPU with AMX or AVX-512 BF16)")
         try:
             model = core.read_model(str(path))
             config = _compile_config(core, device, options)
