@@ -318,6 +318,10 @@ HEAVY_FILES = {
     "test_telemetry.py", "test_tour.py", "test_triton.py",
     "test_digits.py", "test_install.py", "test_recovery.py", "test_bench.py",
     "test_references.py", "test_arm64.py", "test_fusions.py", "test_openvino.py",
+    # Qualcomm's HTP emulator (every test needs the npu target built: 19 s of one worker
+    # before its quick tests, 2026-12-07 on an AVX-512 Xeon without AMX) and the trace
+    # memo's own proofs (the real exporter, 16 s): the edit loop was 2 min 41 s there
+    "test_htp.py", "test_trace_memo.py",
 }
 # In the packages' files, the slow tests only (2026-12-02: each over 2 s with its setup), so
 # make test-fast runs the quick tests of every package (checkpoints, families, the hub
@@ -338,13 +342,6 @@ HEAVY_TESTS = {
         "test_bytes_held_are_what_arrived_not_what_was_declared",
         "test_sigterm_during_slow_uploads_shuts_down_without_tracebacks",
         "test_a_low_descriptor_limit_is_not_exhausted_and_logs_stay_small"},
-    # Qualcomm's HTP emulator: 46 s of one worker (2026-12-06, AVX-512 EPYC), half the
-    # edit loop's excess over 2 minutes; its quick tests (bad input, the time bound) stay
-    "test_htp.py": {"test_the_npu_graph_runs_wholly_on_htp_and_matches_pytorch",
-                    "test_a_bucket_the_references_left_out_is_judged_against_pytorch_here",
-                    "test_per_channel_matmul_weights_are_reported_as_the_nodes_htp_refused",
-                    "test_compiled_contexts_are_written_reloaded_and_hashed_in_the_manifest",
-                    "test_w8a16_graph_runs_wholly_on_htp_with_uint16_activations"},
 }
 
 
