@@ -306,6 +306,22 @@ def quantised_bundle(tmp_path_factory):
     return out
 
 
+@pytest.fixture
+def openvino_without_bf16(monkeypatch):
+    """openvino.Core as this CPU's, but for BF16 left out of the CPU device's capability list
+    (what a CPU without AMX or AVX-512 BF16 lists), so a refusal is tested on any CPU."""
+    import openvino as ov
+
+    class NoBF16(ov.Core):
+        def get_property(self, device, name):
+            value = super().get_property(device, name)
+            if name == "OPTIMIZATION_CAPABILITIES":
+                return [c for c in value if c != "BF16"]
+            return value
+
+    monkeypatch.setattr(ov, "Core", NoBF16)
+
+
 # `make test-fast` (the edit loop, under 90 s on 2 cores) leaves out the files that start
 # servers, browsers, emulators or fresh virtual environments, kill processes, or export
 # many models; `make test` runs everything. A test elsewhere can opt out with
