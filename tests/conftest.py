@@ -21,6 +21,7 @@ from torch import nn
 
 from vit_deploy.export import onnx as onnx_export
 from vit_deploy.runtime.config import variant
+from vit_deploy.runtime.providers import import_openvino_quietly
 from vit_deploy.export.bundle import ExportOptions, export_bundle
 from vit_deploy.export.model import ViT, build_model
 
@@ -310,7 +311,7 @@ def quantised_bundle(tmp_path_factory):
 def openvino_without_bf16(monkeypatch):
     """openvino.Core as this CPU's, but for BF16 left out of the CPU device's capability list
     (what a CPU without AMX or AVX-512 BF16 lists), so a refusal is tested on any CPU."""
-    import openvino as ov
+    ov = import_openvino_quietly()  # as the product imports it: no usage event posted
 
     class NoBF16(ov.Core):
         def get_property(self, device, name):

@@ -20,7 +20,7 @@ from vit_deploy.check.run import CheckOptions, run_check
 from vit_deploy.cli import main
 from vit_deploy.parity import compare, sample_inputs
 from vit_deploy.runtime import ProviderError, RuntimeOptions, ViTSession, parse_providers, probe
-from vit_deploy.runtime.providers import probe_all
+from vit_deploy.runtime.providers import import_openvino_quietly, probe_all
 
 HAS_OPENVINO = importlib.util.find_spec("openvino") is not None
 needs_openvino = pytest.mark.usefixtures("_openvino_installed")
@@ -199,7 +199,7 @@ def test_bench_measures_bf16_and_offers_it_only_where_it_holds_on_photographs(bu
     """bench --float-precision f32,bf16: each bf16 case is judged on the shipped photographs
     against fp32 by its precision's policy; the budget and the recommendation take it only
     where it passed. ONNX Runtime reports bf16 unavailable; so does a CPU without bf16."""
-    import openvino as ov
+    ov = import_openvino_quietly()  # as the product imports it: no usage event posted
 
     out = tmp_path / "bench.json"
     r = CliRunner().invoke(main, ["bench", str(bundle), "--provider", "cpu,openvino",
@@ -265,7 +265,7 @@ def test_bf16_runs_where_the_cpu_has_it_and_is_refused_elsewhere(bundle):
     """float_precision bf16: OpenVINO's CPU device runs what is not int8 in bf16 where it
     lists BF16 among its capabilities (AMX or AVX-512 BF16), and is refused where it does not;
     ONNX Runtime's providers refuse it (never a silently other precision)."""
-    import openvino as ov
+    ov = import_openvino_quietly()  # as the product imports it: no usage event posted
 
     x = sample_inputs((24, 40), 2, seed=3)
     options = RuntimeOptions(float_precision="bf16")
