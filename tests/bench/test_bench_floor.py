@@ -72,8 +72,8 @@ def test_openvino_measures_its_peak_and_names_the_kernel_that_ran(kind):
     # what this CPU ran, e.g. 'u8 brgemm_avx512_amx_I8' on AMX, 'f32 gemm_mlas_f32'
     precision, implementation = peak.kernel.split(" ", 1)
     assert implementation and precision == {"fp32": "f32", "int8": "u8"}.get(kind, precision)
-    if kind == "bf16":  # bf16 where the CPU has it (AMX, AVX-512 BF16), f32 or emulated
-        assert precision in ("bf16", "f32"), peak.kernel  # bf16 elsewhere
+    if kind == "bf16":  # bf16 on AMX / AVX-512 BF16 (emulated on other AVX-512), else f32
+        assert precision in ("bf16", "f32"), peak.kernel
     assert peak.to_dict()["kernel"] == peak.kernel
     with pytest.raises(ValueError, match="OpenVINO peak kind: expected one of"):
         measure_openvino_peak("int4", threads=1)
@@ -104,7 +104,6 @@ def test_bench_floor_reports_each_cpu_case_against_the_peaks_it_measured(quantis
     peaks = report.environment["gemm_peaks"]["1"]
     # ONNX Runtime's and OpenVINO's (the test extra installs it): the floor takes the better
     ov = import_openvino_quietly()  # as the product imports it: no usage event posted
-
     # bf16 only where the CPU lists it (OpenVINO emulates it elsewhere: not a peak)
     bf16 = "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
     assert set(peaks) == {"fp32", "int8", "openvino-fp32", "openvino-int8",

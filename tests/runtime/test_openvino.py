@@ -297,3 +297,18 @@ def test_bf16_is_refused_where_the_device_lists_no_bf16(bundle, openvino_without
         ViTSession(bundle, provider="openvino", options=RuntimeOptions(float_precision="bf16"))
     with ViTSession(bundle, provider="openvino") as f32:  # f32 asks no capability
         assert f32._session.config["INFERENCE_PRECISION_HINT"] == "f32"
+
+
+@needs_openvino
+def test_bf16_on_a_device_that_names_no_capabilities_is_refused_in_one_line(bundle, monkeypatch):
+    ov = import_openvino_quietly()
+    real = ov.Core.get_property
+
+    def silent(self, device, name):
+        if name == "OPTIMIZATION_CAPABILITIES":  # as a plugin without the property answers
+            raise RuntimeError(f"Unsupported property {name} by {device} plugin")
+        return real(self, device, name)
+
+    monkeypatch.setattr(ov.Core, "get_property", silent)
+    with pytest.raises(ProviderError, match=r"lists no BF16 among CPU's capabilities \[\] "):
+        ViTSession(bundle, provider="openvino", options=RuntimeOptions(float_precision="bf16"))

@@ -188,8 +188,9 @@ def measure_openvino_peak(kind: str, *, threads: int, shape: tuple[int, int, int
                           min_seconds: float = PEAK_MIN_SECONDS) -> GemmPeak:
     """The same product through OpenVINO's CPU plugin, an engine that reaches the CPU's tile
     and VNNI units through oneDNN: fp32, bf16 (its inference precision; measured by
-    measure_openvino_peaks where the CPU lists BF16) and int8 (fake-quantised activations and weights, which OpenVINO runs as
-    an int8 FullyConnected, its activation quantisation included). `kernel` is the
+    measure_openvino_peaks where the CPU lists BF16) and int8 (fake-quantised activations
+    and weights, which OpenVINO runs as an int8 FullyConnected, its activation quantisation
+    included). `kernel` is the
     precision and implementation OpenVINO's execution graph names for the product
     ('u8 brgemm_avx512_amx_I8', 'f32 gemm_mlas_f32')."""
     from vit_deploy.runtime.providers import import_openvino_quietly

@@ -13,7 +13,8 @@ run what is not int8 in bf16, outside the fp32 tolerance), bf16 where asked (ref
 the device would not run it or lists no BF16 among its capabilities: OpenVINO 2026 emulates
 it on AVX-512 CPUs without BF16, slower than f32). OpenVINOSession offers the part of
 ort.InferenceSession that ViTSession and the bucket runner use (get_providers, get_inputs,
-get_outputs, get_modelmeta, run), so preprocessing, outputs, checks and results are the same code.
+get_outputs, get_modelmeta, run), so preprocessing, outputs, checks and results are the
+same code.
 
 create_session() walks the providers asked for in order: runs of ONNX Runtime providers go
 to ort_session (which checks them as before), OpenVINO names come here; the first engine
@@ -86,7 +87,10 @@ class OpenVINOSession:
                                 f"lists only the device(s) {devices} here: ask for "
                                 f"{[short_name(OPENVINO + d) for d in devices]}")
         if options.float_precision == "bf16":  # where the device would only emulate it
-            capabilities = list(core.get_property(device, "OPTIMIZATION_CAPABILITIES"))
+            try:
+                capabilities = list(core.get_property(device, "OPTIMIZATION_CAPABILITIES"))
+            except RuntimeError:  # a device that does not say: not known to run bf16
+                capabilities = []
             if "BF16" not in capabilities:  # (OpenVINO 2026 does on AVX-512 without BF16)
                 raise ProviderError(
                     f"provider {asked!r}: float_precision bf16 asked for, but OpenVINO "
