@@ -234,9 +234,10 @@ def measure_openvino_peaks(*, threads: int, shape: tuple[int, int, int] = (197, 
 
     if importlib.util.find_spec("openvino") is None:
         return {}
+    from vit_deploy.runtime.ov_session import device_capabilities
     from vit_deploy.runtime.providers import import_openvino_quietly
 
-    listed = import_openvino_quietly().Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    listed = device_capabilities(import_openvino_quietly().Core(), "CPU")
     return {f"openvino-{kind}": measure_openvino_peak(kind, threads=threads, shape=shape,
                                                       min_seconds=min_seconds)
             for kind in OPENVINO_PEAK_KINDS if kind != "bf16" or "BF16" in listed}

@@ -87,10 +87,7 @@ class OpenVINOSession:
                                 f"lists only the device(s) {devices} here: ask for "
                                 f"{[short_name(OPENVINO + d) for d in devices]}")
         if options.float_precision == "bf16":  # where the device would only emulate it
-            try:
-                capabilities = list(core.get_property(device, "OPTIMIZATION_CAPABILITIES"))
-            except RuntimeError:  # a device that does not say: not known to run bf16
-                capabilities = []
+            capabilities = device_capabilities(core, device)
             if "BF16" not in capabilities:  # (OpenVINO 2026 does on AVX-512 without BF16)
                 raise ProviderError(
                     f"provider {asked!r}: float_precision bf16 asked for, but OpenVINO "
@@ -198,6 +195,15 @@ def _import_openvino(asked: str) -> Any:
                             f"onnxruntime lists {[short_name(a) for a in available()]}"
                             ) from None
     return ov
+
+
+def device_capabilities(core: Any, device: str) -> list[str]:
+    """The device's OPTIMIZATION_CAPABILITIES ('FP32', 'BF16', 'INT8', ...); [] where its
+    plugin does not say (then nothing is assumed of it: bf16 is refused)."""
+    try:
+        return list(core.get_property(device, "OPTIMIZATION_CAPABILITIES"))
+    except RuntimeError:  # "Unsupported property" from a plugin without it
+        return []
 
 
 def _compile_config(core: Any, device: str, options: RuntimeOptions) -> dict[str, Any]:
