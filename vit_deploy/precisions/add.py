@@ -6,9 +6,8 @@ checked against PyTorch under the fp32 policy.
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,19 +24,16 @@ from vit_deploy.precisions.evaluate import PHOTO_BATCH, Evaluator, calibration_b
 from vit_deploy.precisions.photos import EvalImages, PhotoCase, layer_costs
 from vit_deploy.progress import Progress, silent
 from vit_deploy.precisions.quantize import QuantOptions, quantisable_layers, quantize_model
-from vit_deploy.precisions.search import search, search_notes
+from vit_deploy.precisions.search import RecipeSearch, search_notes
+from vit_deploy.precisions.sensitivity import choose_exclusions, choose_smoothing
 from vit_deploy.runtime.manifest import Manifest, load_manifest
 from vit_deploy.runtime.manifest_parts import FileEntry
-from vit_deploy.runtime.sizes import format_resolution
 
 # The kernels ONNX Runtime's CPU provider must run, one per quantised layer (else some
 # layer silently stayed float: for QDQ, DequantizeLinear of the weight + an fp32 MatMul)
 EXPECTED_KERNELS = {"int8": ("DynamicQuantizeMatMul",), "int4": ("MatMulNBits",),
                     "int8-static": ("MatMulIntegerToFloat", "QLinearMatMul", "QGemm")}
 EVAL_SETS = ("digits",)  # labelled held-out sets shipped with the package
-# The smoothing strengths `--smooth auto` tries with --max-drop (None: unsmoothed), on the
-# calibration images; without it the recipe search (search.py) chooses
-SMOOTH_ALPHAS = (None, 0.5, 0.75)
 
 
 @dataclass
@@ -109,6 +105,16 @@ class PrecisionsReport:
     def failed(self) -> list[str]:
         return [r.precision for r in self.results if not r.passed]
 
+    @property
+    def passed(self) -> list[str]:
+        return [r.precision for r in self.results if r.passed]
+
+    @property
+    def exit_code(self) -> int:
+        """0: every precision passed (and was written); 1: none passed; 3: some passed and
+        were written, the others failed (written only with --force)."""
+        return 0 if not self.failed else 3 if self.passed else 1
+
     def __bool__(self) -> bool:
         return not self.failed
 
@@ -119,45 +125,9 @@ class PrecisionsReport:
         return len(self.results)
 
     def __rich__(self) -> Any:
-        from rich.console import Group
-        from rich.filesize import decimal
-        from rich.table import Table
+        from vit_deploy.precisions.table import precisions_table
 
-        table = Table("precision", "file", "size", "cos min (median)", "tok p1", "max|Δ|",
-                      "top-1", "noise cos", "accuracy", "result",
-                      title="precisions vs fp32, on real images (noise cos: beside them)",
-                      title_justify="left")
-        for r in self.results:
-            acc, worst = r.accuracy, r.worst_photo
-            tokens = [c.token_cosine_p1 for c in r.photos if c.token_cosine_p1 is not None]
-            top1 = [c.top1_agree for c in r.photos if c.top1_agree is not None]
-            table.add_row(r.precision, r.file,
-                          f"{decimal(r.size)} ({r.size / max(1, self.fp32_size):.1%})",
-                          f"{worst.cosine_min:.5f} ({worst.cosine_median:.5f})" if worst else "-",
-                          f"{min(tokens):.5f}" if tokens else "-",
-                          f"{max(c.max_abs for c in r.photos):.2e}" if r.photos else "-",
-                          f"{min(top1):.0%}" if top1 else "-",
-                          f"{min(c.cosine for c in r.parity.cases):.5f}",
-                          f"{acc['top1']}% (fp32 {acc['fp32_top1']}%)" if acc else "-",
-                          "ok" if r.passed else ("FAIL, written (--force)" if self.force else
-                                                 "FAIL, not written"))
-        judged = {r.judged_on for r in self.results if r.judged_on}
-        lines: list[Any] = [table]
-        sizes = sorted({format_resolution(c.resolution) for r in self.results for c in r.photos})
-        lines += [f"judged on {j}, at {', '.join(sizes)}: cos: "
-                  "per image, its whole output; tok p1: 1st percentile of per-token cosine; "
-                  "top-1: same class as fp32; noise cos: seeded N(0,1) pixels"
-                  for j in sorted(judged)]
-        for r in self.results:
-            lines += [f"{r.precision}: {note}" for note in r.notes]
-            if r.recipe.get("sensitivity"):
-                kept = [x["layer"] for x in r.recipe["sensitivity"]["ranking"]
-                        if x.get("kept_float")]
-                lines.append(f"{r.precision}: kept float by sensitivity: {kept or 'none'}")
-        if self.failed:
-            lines.append(f"[red]{', '.join(self.failed)} failed the tolerance policy"
-                         f"{' (written anyway: --force)' if self.force else ' and were not written'}[/]")
-        return Group(*lines)
+        return precisions_table(self)
 
 
 def add_precisions(bundle: str | Path, precisions: Sequence[str], *,
@@ -190,42 +160,83 @@ def _add_precisions(bundle: Path, precisions: Sequence[str], *, options: Precisi
     results: list[PrecisionResult] = []
     with staging_directory(bundle) as tmp:  # removed by the next opener if killed
         for precision in wanted:
-            log(f"{precision}: quantising")
-            quant = options.quant
-            scores: dict[str, float] = {}
-            searched: dict[str, Any] = {}
-            if precision.startswith("int8") and options.max_drop is None:
-                quant, searched = search(evaluator, precision, quant, calibration, Path(tmp),
-                                         smooth=options.smooth, progress=log)
-            elif precision.startswith("int8") and options.smooth is not None:
-                quant, scores = choose_smoothing(evaluator, precision, quant, calibration,
-                                                 options.smooth, Path(tmp), log)
-            ranking: list[dict[str, Any]] = []
-            if options.max_drop is not None and precision != "fp16":
-                quant, ranking = choose_exclusions(evaluator, precision, quant, calibration,
-                                                   options.max_drop, Path(tmp), log)
-            dst = Path(tmp) / PRECISION_FILES[precision]
-            q = quantize_model(evaluator.reference, dst, precision=precision, options=quant,
-                               calibration=calibration, progress=log)
-            if precision.startswith("int8"):
-                q.recipe["calibration_source"] = options.calibration_source
-            if scores:
-                q.recipe.setdefault("smoothing", {"alpha": None})["chosen_on"] = {
-                    "images": int(sum(len(c) for c in calibration or [])),
-                    "metric": "worst per-image cosine to fp32 on the calibration images",
-                    "scores": scores}
-            if searched:
-                q.recipe["search"] = searched
-                q.recipe.setdefault("smoothing", {"alpha": None})["chosen_by"] = "recipe search"
-            if ranking:
-                q.recipe["sensitivity"] = {"max_drop": options.max_drop, "metric":
-                                           "accuracy points" if evaluator.digits is not None
-                                           else "1 - cosine", "ranking": ranking}
-            results.append(_measure(evaluator, dst, precision, q.recipe))
+            results.append(_one_precision(evaluator, precision, options, calibration,
+                                          Path(tmp), log))
             r = results[-1]
             log("; ".join([f"{precision}: {'pass' if r.passed else 'FAIL'}",
                            *(n.strip() for n in r.notes if n.strip())]))
         return _write_passing(bundle, manifest, results, Path(tmp), options, log)
+
+
+def _one_precision(evaluator: Evaluator, precision: str, options: PrecisionOptions,
+                   calibration: Sequence[np.ndarray] | None, tmp: Path,
+                   log: Progress) -> PrecisionResult:
+    """One precision quantised, measured and judged. An int8 recipe search whose choice
+    fails the verdict goes on (search.RecipeSearch.run) with its target raised over the
+    chosen recipe's own expected figure by what the verdict found under the floor, while it
+    has candidates and float budget left: never
+    "target met" and then "FAIL, not written" with search budget left."""
+    log(f"{precision}: quantising")
+    quant = options.quant
+    scores: dict[str, float] = {}
+    searcher: RecipeSearch | None = None
+    if precision.startswith("int8") and options.max_drop is None:
+        searcher = RecipeSearch(evaluator, precision, quant, calibration, tmp,
+                                smooth=options.smooth, progress=log)
+        quant = searcher.run()
+    elif precision.startswith("int8") and options.smooth is not None:
+        quant, scores = choose_smoothing(evaluator, precision, quant, calibration,
+                                         options.smooth, tmp, log)
+    ranking: list[dict[str, Any]] = []
+    if options.max_drop is not None and precision != "fp16":
+        quant, ranking = choose_exclusions(evaluator, precision, quant, calibration,
+                                           options.max_drop, tmp, log)
+    verdicts: list[dict[str, Any]] = []
+    while True:
+        dst = tmp / PRECISION_FILES[precision]
+        q = quantize_model(evaluator.reference, dst, precision=precision, options=quant,
+                           calibration=calibration, progress=log)
+        if precision.startswith("int8"):
+            q.recipe["calibration_source"] = options.calibration_source
+        if scores:
+            q.recipe.setdefault("smoothing", {"alpha": None})["chosen_on"] = {
+                "images": int(sum(len(c) for c in calibration or [])),
+                "metric": "worst per-image cosine to fp32 on the calibration images",
+                "scores": scores}
+        if searcher is not None:
+            q.recipe["search"] = searcher.record | {"verdicts": verdicts}
+            q.recipe.setdefault("smoothing", {"alpha": None})["chosen_by"] = "recipe search"
+        if ranking:
+            q.recipe["sensitivity"] = {"max_drop": options.max_drop, "metric":
+                                       "accuracy points" if evaluator.digits is not None
+                                       else "1 - cosine", "ranking": ranking}
+        log(f"{precision}: judging on {evaluator.images.source}")
+        result = _measure(evaluator, dst, precision, q.recipe)
+        failing = [c for c in result.photos if not c.passed]
+        if searcher is None or not failing:
+            return result
+        shortfall = max(c.floor - c.cosine_min for c in failing)
+        verdicts.append({"worst": round(min(c.cosine_min for c in failing), 6),
+                         "shortfall": round(shortfall, 6), "margin": searcher.margins[-1]})
+        if not searcher.can_go_on:
+            result.notes.append(f"the recipe search cannot go on after the failed verdict: "
+                                f"{searcher.stopped or 'its candidates are spent'}")
+            return result
+        # the prediction for this recipe was off by at least the shortfall: the target
+        # rises above this recipe's own expected figure by it, so the search must move
+        chosen = searcher.best_score.expected if searcher.best_score else None
+        floor = failing[0].floor
+        margin = max(searcher.margins[-1] + shortfall,
+                     (chosen - floor + shortfall) if chosen is not None else 0.0)
+        log(f"{precision}: the verdict failed by {shortfall:.5f}: the search goes on, its "
+            f"target raised to {margin:+.5f} over the floor")
+        before = quant
+        quant = searcher.run(margin)
+        if quant == before:  # nothing better within the budget: this verdict stands
+            result.recipe["search"] = searcher.record | {"verdicts": verdicts}
+            result.notes.append(f"the recipe search went on after the failed verdict and "
+                                f"found nothing better ({searcher.stopped or 'target met by the same recipe'})")
+            return result
 
 
 def _add_naflex(bundle: Path, manifest: Manifest, precisions: Sequence[str],
@@ -253,70 +264,6 @@ def _write_passing(bundle: Path, manifest: Manifest, results: list[PrecisionResu
                             force=options.force)
 
 
-def choose_smoothing(evaluator: Evaluator, precision: str, quant: QuantOptions,
-                     calibration: Sequence[np.ndarray], smooth: str | float, tmp: Path,
-                     log: Callable[[str], None]) -> tuple[QuantOptions, dict[str, float]]:
-    """The smoothing alpha for an int8 precision: the given one, or with "auto" the one of
-    SMOOTH_ALPHAS whose model agrees best with fp32 on the calibration images (the
-    judging images stay held out). Ties keep the weaker smoothing. The probes calibrate
-    by minmax (ORT's entropy search takes seconds per tensor); the file written uses the
-    method asked for."""
-    if smooth != "auto":
-        return dataclasses.replace(quant, smooth=float(smooth)), {}
-    scores: dict[str, float] = {}
-    best, best_score = None, -np.inf
-    for alpha in SMOOTH_ALPHAS:
-        path = tmp / f"probe.smooth.{precision}.onnx"
-        quantize_model(evaluator.reference, path, precision=precision, calibration=calibration,
-                       options=dataclasses.replace(quant, smooth=alpha, calibration="minmax"))
-        score = evaluator.calibration_score(path, calibration).worst
-        scores["none" if alpha is None else str(alpha)] = round(score, 6)
-        if score > best_score + 1e-6:
-            best, best_score = alpha, score
-    log(f"{precision}: smoothing alpha {best} (calibration images: "
-        + ", ".join(f"{k} {v:.5f}" for k, v in scores.items()) + ")")
-    return dataclasses.replace(quant, smooth=best), scores
-
-
-def choose_exclusions(evaluator: Evaluator, precision: str, quant: QuantOptions,
-                      calibration: Sequence[np.ndarray] | None, max_drop: float, tmp: Path,
-                      log: Callable[[str], None]) -> tuple[QuantOptions, list[dict[str, Any]]]:
-    """Keep the most sensitive linear layers in float until the drop is within budget."""
-    def drop_with(exclude: tuple[str, ...]) -> float:
-        path = tmp / f"probe.{precision}.onnx"
-        quantize_model(evaluator.reference, path, precision=precision, calibration=calibration,
-                       options=dataclasses.replace(quant, exclude=exclude))
-        return evaluator.drop(path, precision)
-
-    base = tuple(quant.exclude)
-    total = drop_with(base)
-    if total <= max_drop:
-        return quant, [{"layer": "(all quantised)", "drop": round(total, 6), "kept_float": False}]
-    model = onnx.load(str(evaluator.reference), load_external_data=False)
-    layers = [p for p in quantisable_layers(model, head=quant.head) if p not in base]
-    alone = {}
-    for layer in layers:  # quantise one layer at a time: the error it adds on its own
-        alone[layer] = drop_with(tuple(p for p in layers if p != layer) + base)
-    ranked = sorted(layers, key=lambda p: -alone[p])
-    excluded = list(base)
-    ranking = []
-    for layer in ranked:
-        if total <= max_drop:
-            break
-        if len(excluded) == len(base) + len(layers) - 1:
-            raise ValueError(f"--max-drop {max_drop} cannot be met for {precision}: with only "
-                             f"{layer} quantised the drop is still {total:.4g}")
-        excluded.append(layer)
-        total = drop_with(tuple(excluded))
-        ranking.append({"layer": layer, "drop_alone": round(alone[layer], 6), "kept_float": True,
-                        "drop_after": round(total, 6)})
-        log(f"{precision}: keeping {layer} in float (alone it costs {alone[layer]:.4g}); "
-            f"now {total:.4g}")
-    ranking += [{"layer": p, "drop_alone": round(alone[p], 6), "kept_float": False}
-                for p in ranked if p not in excluded]
-    return dataclasses.replace(quant, exclude=tuple(excluded)), ranking
-
-
 def _measure(evaluator: Evaluator, path: Path, precision: str,
              recipe: dict[str, Any]) -> PrecisionResult:
     parity = evaluator.parity(path, precision)
@@ -328,7 +275,8 @@ def _measure(evaluator: Evaluator, path: Path, precision: str,
     failing = [c for c in photos if not c.passed]
     if failing:
         notes.append(f"on {evaluator.images.source}: " + ", ".join(
-            f"{c.label} worst image cosine {c.cosine_min:.5f} < {c.floor}" for c in failing))
+            f"{c.label} worst image cosine {c.cosine_min:.5f} < {c.floor}"
+            + (f" ({c.worst_image})" if c.worst_image else "") for c in failing))
         if recipe.get("quantised_layers"):
             layers = quantisable_layers(onnx.load(str(evaluator.reference),
                                                   load_external_data=False), head=True)
@@ -336,10 +284,12 @@ def _measure(evaluator: Evaluator, path: Path, precision: str,
                                 evaluator.photo_inputs[0][:PHOTO_BATCH],
                                 {p: n for p, n in layers.items()
                                  if p in recipe["quantised_layers"]})
-        if costs:
+        if costs:  # --exclude adds to the search's own choices: name both
+            already = [p for p in recipe.get("kept_float_layers", []) if p != "head"]
+            advice = ",".join(dict.fromkeys([*already, *(c["layer"] for c in costs)]))
             notes.append("layers that cost most (relative error each adds): " + ", ".join(
                 f"{c['layer']} +{c['added_error']:.2%}" for c in costs)
-                + " (--exclude them, or --max-drop)")
+                + f" (--exclude {advice}, or --max-drop)")
     if not parity:
         notes.append("outside the tolerance policy on seeded noise: " + ", ".join(
             f"{c.label} cosine {c.cosine:.5f} < {c.cosine_min}" for c in parity.failures))

@@ -28,7 +28,7 @@ from vit_deploy.runtime.naflex.references import (NAFLEX_SIZES, REFERENCE_CASES,
 from vit_deploy.runtime.naflex.session import NaFlexSession
 from vit_deploy.runtime.ort_session import RuntimeOptions
 
-JUDGED_ON = ("the 12 shipped photographs at their own aspect ratios, and 6 of them cropped "
+JUDGED_ON = ("the 12 core shipped photographs at their own aspect ratios, and 6 of them cropped "
              "to 1:1, 4:1, 1:4, 3:2, 2:3, 16:9 (width:height)")
 
 
@@ -89,7 +89,7 @@ def naflex_eval_batches() -> list[tuple[str, list[np.ndarray]]]:
     from vit_deploy.data import photo_paths, photos_at_ratios
 
     whole = [np.asarray(Image.open(p).convert("RGB"))
-             for role in ("calib", "eval") for p in photo_paths(role)]
+             for role in ("calib", "eval") for p in photo_paths(role, core=True)]
     cropped = photos_at_ratios("eval", NAFLEX_SIZES)
     return [("photos", whole), ("photos cropped", cropped),
             *((name, [reference_image(seed, hw) for seed, hw in images])

@@ -8,7 +8,7 @@ vit_deploy/data/photos (held out from the default calibration set). Torch-free.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import onnx
 
+from vit_deploy.precisions.agreement import (expected_worst, neighbours_kept, per_photograph,
+                                             top_k_agree)
 from vit_deploy.precisions.probe import tensor_probe
 from vit_deploy.runtime.contract import COSINE_MIN, LOGITS_NAME, tolerance_class
 from vit_deploy.runtime.sizes import format_resolution
@@ -27,6 +29,7 @@ VIEW_BOX = (0.0, 0.0, 2 / 3, 2 / 3), (1 / 3, 1 / 3, 1.0, 1.0)  # two crops besid
 # and two crops: 3x as many views), each decoded image reduced (a box filter, by a whole
 # factor) until its shorter side is under 2 x VIEW_SIDE, far above any judged size's input.
 MAX_JUDGED = 64
+CROPS_UNDER = 32  # photographs: a smaller judging set is judged whole and cropped
 VIEW_SIDE = 1024
 
 
@@ -37,15 +40,38 @@ class EvalImages:
     paths: tuple[Path, ...]
     source: str
     pixels: np.ndarray | None = None  # (N, H, W, 3) uint8 images instead of files, as they are
+    crops: bool = True  # each file whole and two crops (VIEW_BOX); False: whole only
 
     def __len__(self) -> int:
         if self.pixels is not None:
             return len(self.pixels)
-        return len(self.paths) * (1 + len(VIEW_BOX))
+        return len(self.paths) * self._framings
+
+    @property
+    def _framings(self) -> int:
+        return 1 + len(VIEW_BOX) if self.crops else 1
+
+    @property
+    def photographs(self) -> int:
+        """Distinct images (a photograph and its crops are one)."""
+        return len(self.pixels) if self.pixels is not None else len(self.paths)
+
+    def groups(self) -> list[int]:
+        """For each view, the index of the image it was taken from."""
+        return [i // (1 if self.pixels is not None else self._framings)
+                for i in range(len(self))]
+
+    def labels(self) -> list[str]:
+        """For each view, how a report names it: the file and its framing."""
+        if self.pixels is not None:
+            return [f"image {i}" for i in range(len(self.pixels))]
+        framings = ["whole"] + [f"crop {a:.2g},{b:.2g}-{c:.2g},{d:.2g}"
+                                for a, b, c, d in VIEW_BOX][:self._framings - 1]
+        return [f"{path.name} ({framing})" for path in self.paths for framing in framings]
 
     def views(self) -> list[Any]:
-        """Each image whole and two overlapping crops (top-left and bottom-right two
-        thirds): three framings of one photograph, as a user's images vary."""
+        """Each image whole and (with `crops`) two overlapping crops (top-left and
+        bottom-right two thirds): three framings of one photograph, as a user's images vary."""
         from PIL import Image
 
         from vit_deploy.runtime.preprocess import load_image
@@ -60,8 +86,9 @@ class EvalImages:
                 image = image.reduce(factor)
             w, h = image.size
             out.append(image)
-            out += [image.crop((round(a * w), round(b * h), round(c * w), round(d * h)))
-                    for a, b, c, d in VIEW_BOX]
+            if self.crops:
+                out += [image.crop((round(a * w), round(b * h), round(c * w), round(d * h)))
+                        for a, b, c, d in VIEW_BOX]
         return out
 
 
@@ -126,13 +153,22 @@ def _count(n: int, what: str) -> str:
     return f"{n} {what}{'' if n == 1 else 's'}"
 
 
+def judged_set(files: Sequence[Path], source: str) -> EvalImages:
+    """`files` as the images that judge: under CROPS_UNDER photographs each whole and two
+    crops (more framings of few photographs), else each whole (the time of judging)."""
+    crops = len(files) < CROPS_UNDER
+    return EvalImages(tuple(files), source + (", each whole and two crops" if crops else
+                                              ", each whole"), crops=crops)
+
+
 def resolve(calib: str | Path | None, eval_images: str | Path | None
             ) -> tuple[str | list[Path], EvalImages]:
     """(calibration source: 'digits' or image files, the images that judge).
 
     --eval DIR judges on DIR; without it a --calib DIR of 4 or more images gives every 4th
-    image to judging and calibrates on the rest; otherwise the shipped held-out photographs
-    judge. No --calib: the shipped calibration photographs."""
+    image to judging and calibrates on the rest (a calibration file with the same content
+    as a held-out one is left out of calibration); otherwise the shipped held-out
+    photographs judge. No --calib: the shipped calibration photographs."""
     if calib is None or str(calib) == SHIPPED:
         calib_files: str | list[Path] = shipped("calib")
     elif str(calib) == "digits":
@@ -142,32 +178,49 @@ def resolve(calib: str | Path | None, eval_images: str | Path | None
     if eval_images is not None and str(eval_images) != SHIPPED:
         found = image_files(eval_images, "--eval")
         files = found[:MAX_JUDGED]  # the first by name: said in the report
-        judged = EvalImages(tuple(files), (
+        judged = judged_set(files, (
             f"{_count(len(files), 'image')} in {eval_images}" if len(files) == len(found) else
             f"the first {len(files)} of the {len(found)} images in {eval_images} (by name; "
-            f"at most {MAX_JUDGED} are judged)") + ", each whole and two crops")
-        overlap = set(files) & set(calib_files if isinstance(calib_files, list) else [])
+            f"at most {MAX_JUDGED} are judged)"))
+        overlap = shared_images(files, calib_files if isinstance(calib_files, list) else [])
         if overlap:
             raise ValueError(f"--eval and --calib share {len(overlap)} image(s) (e.g. "
-                             f"{sorted(overlap)[0]}): judging must be on held-out images")
+                             f"{overlap[0]}): judging must be on held-out images (compared "
+                             f"by content: a link, another spelling or a copy of a "
+                             f"calibration image is the same image)")
     elif eval_images is None and calib_files == "digits":
         judged = digits_images()
     elif eval_images is None and isinstance(calib_files, list) and calib is not None \
             and str(calib) != SHIPPED and len(calib_files) >= HOLD_OUT_EVERY:
         held = calib_files[HOLD_OUT_EVERY - 1::HOLD_OUT_EVERY]
-        calib_files = [p for p in calib_files if p not in held]
+        rest = [p for p in calib_files if p not in held]
+        same = set(shared_images(rest, held))  # copies of a held-out image: not calibration
+        calib_files = [p for p in rest if str(p) not in same]
         judged_held = held[:MAX_JUDGED]
-        judged = EvalImages(tuple(judged_held), f"{_count(len(judged_held), 'image')} of "
-                                                f"{calib} held out from calibration (every "
-                                                f"{HOLD_OUT_EVERY}th"
+        judged = judged_set(judged_held, f"{_count(len(judged_held), 'image')} of {calib} held "
+                                         f"out from calibration (every {HOLD_OUT_EVERY}th"
                             + (f"; the first {MAX_JUDGED} of {len(held)} judged" if
-                               len(held) > MAX_JUDGED else "") + "), each whole and two crops")
+                               len(held) > MAX_JUDGED else "")
+                            + (f"; {len(same)} calibration file(s) with a held-out image's content "
+                               f"left out"
+                               if same else "") + ")")
     else:
         files = shipped("eval")
-        judged = EvalImages(tuple(files), f"{len(files)} real photographs shipped with "
-                                          f"vit-deploy, held out from calibration, each whole "
-                                          f"and two crops")
+        judged = judged_set(files, f"{len(files)} real photographs shipped with vit-deploy, "
+                                   f"held out from calibration")
     return calib_files, judged
+
+
+def shared_images(judged: Sequence[Path], calibration: Sequence[Path]) -> list[str]:
+    """The judged images that are calibration images too, by content (each file's sha256),
+    whatever the spelling: a symlinked or `..`-spelled folder, or a copy. Names, sorted."""
+    import hashlib
+
+    def digests(files: Sequence[Path]) -> dict[str, Path]:
+        return {hashlib.sha256(Path(f).read_bytes()).hexdigest(): Path(f) for f in files}
+
+    calib = digests(calibration)
+    return sorted(str(path) for digest, path in digests(judged).items() if digest in calib)
 
 
 @dataclass(frozen=True)
@@ -186,6 +239,13 @@ class PhotoCase:
     top1_agree: float | None  # logits of a classifier: same arg-max as fp32
     floor: float  # the policy's cosine floor
     passed: bool
+    photographs: int | None = None  # distinct photographs among the images (crops are views)
+    worst_image: str | None = None  # the image whose cosine is cosine_min (file, framing)
+    # the worst of as many other photographs, expected at agreement.CONFIDENCE
+    expected_worst: float | None = None
+    top5_agree: float | None = None  # logits: share of fp32's top 5 classes kept
+    neighbours_kept: float | None = None  # embeddings: share of 5 nearest neighbours kept
+    neighbours_worst: float | None = None  # ... for the image that keeps fewest
 
     @property
     def label(self) -> str:
@@ -203,8 +263,13 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def judge_photos(ref: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray], *,
-                 resolution: tuple[int, int], precision: str) -> list[PhotoCase]:
-    """Every output of `out` against fp32's `ref` on the same real images."""
+                 resolution: tuple[int, int], precision: str,
+                 labels: Sequence[str] | None = None, groups: Sequence[int] | None = None,
+                 others: int | None = None) -> list[PhotoCase]:
+    """Every output of `out` against fp32's `ref` on the same real images. `labels` name
+    the images (the worst is named), `groups` say which photograph each image is a view of
+    (the out-of-sample estimate counts photographs), `others`: how many other photographs
+    the expected worst is for (by default as many as were judged)."""
     floor = COSINE_MIN[tolerance_class(precision)]
     cases = []
     for name, r in ref.items():
@@ -218,10 +283,15 @@ def judge_photos(ref: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray], *
             tokens = _cosines(r64.reshape(-1, r.shape[-1]), o64.reshape(-1, o.shape[-1]))
         elif r.ndim == 4 and r.shape[2] * r.shape[3] > 1:  # a patch grid (B, D, gh, gw)
             tokens = _cosines(*(np.moveaxis(t, 1, -1).reshape(-1, r.shape[1]) for t in (r64, o64)))
-        top1 = None
+        top1 = top5 = kept = None
         if name == LOGITS_NAME and r.ndim == 2 and r.shape[1] > 1:
             top1 = float((r.argmax(1) == o.argmax(1)).mean())
+            top5 = top_k_agree(r64, o64)
+        elif r.ndim == 2 and r.shape[1] > 1:  # an embedding: its nearest neighbours
+            kept = neighbours_kept(r64, o64)
+        photographs = per_photograph(per_image, groups)
         finite = bool(np.isfinite(o).all())
+        worst = int(np.argmin(per_image))
         cases.append(PhotoCase(
             resolution=tuple(resolution), output=name, images=len(r),
             cosine_min=float(per_image.min()), cosine_median=float(np.median(per_image)),
@@ -230,7 +300,14 @@ def judge_photos(ref: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray], *
             token_cosine_p1=None if tokens is None else float(np.percentile(tokens, 1)),
             token_cosine_median=None if tokens is None else float(np.median(tokens)),
             top1_agree=top1, floor=floor,
-            passed=finite and float(per_image.min()) >= floor))
+            passed=finite and float(per_image.min()) >= floor,
+            photographs=len(photographs),
+            worst_image=labels[worst] if labels is not None and len(labels) == len(r) else None,
+            expected_worst=expected_worst(photographs, others or len(photographs))
+            if finite else None,
+            top5_agree=top5,
+            neighbours_kept=None if kept is None else float(kept.mean()),
+            neighbours_worst=None if kept is None else float(kept.min())))
     return cases
 
 
