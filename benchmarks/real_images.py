@@ -25,7 +25,7 @@ import numpy as np
 from vit_deploy.reports.machine import cpu_name
 from vit_deploy.precisions.photos import resolve
 from vit_deploy.precisions.evaluate import Evaluator, calibration_batches, judged_resolutions
-from vit_deploy.precisions.add import choose_smoothing
+from vit_deploy.precisions.sensitivity import choose_smoothing
 from vit_deploy.precisions.quantize import QuantOptions, quantize_model
 from vit_deploy.runtime.manifest import load_manifest
 

@@ -386,3 +386,27 @@ def test_a_check_on_a_provider_that_never_runs_here_has_not_passed(quantised_bun
                                   "--provider", "coreml", "--precision", "fp32"])
     assert r.exit_code == 1, r.output
     assert "no case was compared" in " ".join(r.output.split()) and "FAIL" in r.output
+
+
+def test_the_photograph_case_keeps_one_photograph_rather_than_none():
+    """Where both reference photographs' outputs would pass the bound, one is stored (and
+    said); where not even one fits, the note gives what the references already hold."""
+    from vit_deploy.export.references import photo_reference
+    from vit_deploy.runtime.manifest_parts import PreprocessSpec
+
+    spec = PreprocessSpec(resolution=(32, 32), mean=(0.5,) * 3, std=(0.5,) * 3)
+
+    def forward(x):  # 1,000 float32 per image: 4,000 bytes each
+        return {"pooled": np.zeros((len(x), 1000), np.float32)}
+
+    def case(budget, used):
+        return photo_reference(forward, (32, 32), spec, patch_size=16, channels=3,
+                               output_names=["pooled"], budget_bytes=budget, used_bytes=used)
+
+    cases, pixels, notes = case(100_000, 90_000)  # room for 2 x 4,000
+    assert cases[0][0].shape[0] == 2 and not notes
+    cases, pixels, notes = case(100_000, 95_000)  # room for one
+    assert cases[0][0].shape[0] == 1 and pixels["photos"].shape[0] == 1
+    assert "holds 1 of the 2 photographs" in notes[0] and "103000 bytes" in notes[0]
+    cases, pixels, notes = case(100_000, 97_000)  # room for none
+    assert cases == [] and "already hold 97000 bytes" in notes[0], notes

@@ -101,21 +101,31 @@ def photo_reference(forward: Forward, resolution: tuple[int, int], preprocess: P
     pre = Preprocess(resolution=resolution, patch_size=patch_size, mean=preprocess.mean,
                      std=preprocess.std, resize="shorter_side_center_crop",
                      interpolation=preprocess.interpolation, scale=preprocess.scale)
-    pixels = np.stack([pre.pixels(load_image(data_path(f"photos/{name}"))).transpose(2, 0, 1)
-                       for name in REFERENCE_PHOTOS])
+    every = np.stack([pre.pixels(load_image(data_path(f"photos/{name}"))).transpose(2, 0, 1)
+                      for name in REFERENCE_PHOTOS])
     stored = ReferencePixels(offset=0, mean=tuple(pre.mean), std=tuple(pre.std),
                              scale=float(pre.scale))
-    case = ReferenceCase(name=PHOTO_CASE, seed=0, shape=tuple(pixels.shape), outputs={},
-                         pixels=stored)
-    x = stored.input(pixels.tobytes(), pixels.shape)
-    outputs = _named(forward(x), output_names)
-    size = sum(a.size * 4 for a in outputs.values())
-    if used_bytes + size > budget_bytes or pixels.size > max(budget_bytes, PIXEL_ALLOWANCE):
-        return [], {}, [f"reference case {PHOTO_CASE} ({resolution[0]}x{resolution[1]}: "
-                        f"outputs {size} bytes, pixels {pixels.size}) left out: over the bound "
-                        f"of {budget_bytes} bytes ({MAX_FRACTION:.0%} of the fp32 model) for "
-                        f"outputs, or of {max(budget_bytes, PIXEL_ALLOWANCE)} for pixels"]
-    return [(case, outputs)], {PHOTO_CASE: pixels}, []
+    notes = []
+    for count in range(len(every), 0, -1):  # both photographs, else one rather than none
+        pixels = every[:count]
+        case = ReferenceCase(name=PHOTO_CASE, seed=0, shape=tuple(pixels.shape), outputs={},
+                             pixels=stored)
+        outputs = _named(forward(stored.input(pixels.tobytes(), pixels.shape)), output_names)
+        size = sum(a.size * 4 for a in outputs.values())
+        if used_bytes + size <= budget_bytes and pixels.size <= max(budget_bytes,
+                                                                    PIXEL_ALLOWANCE):
+            if count < len(every):
+                notes.append(f"reference case {PHOTO_CASE} ({resolution[0]}x{resolution[1]}) "
+                             f"holds {count} of the {len(every)} photographs: both would "
+                             f"take the references to {used_bytes + 2 * size} bytes, over "
+                             f"the bound of {budget_bytes} ({MAX_FRACTION:.0%} of the fp32 "
+                             f"model)")
+            return [(case, outputs)], {PHOTO_CASE: pixels}, notes
+    return [], {}, [f"reference case {PHOTO_CASE} ({resolution[0]}x{resolution[1]}: outputs "
+                    f"{size} bytes for one photograph, pixels {pixels.size}) left out: the "
+                    f"references already hold {used_bytes} bytes, and the bound is "
+                    f"{budget_bytes} bytes ({MAX_FRACTION:.0%} of the fp32 model) for all "
+                    f"outputs, {max(budget_bytes, PIXEL_ALLOWANCE)} for pixels"]
 
 
 def budget(model_bytes: int) -> int:

@@ -25,6 +25,10 @@ from vit_deploy.runtime.providers import captured_stderr
 from vit_deploy.runtime.session import ViTSession
 
 FRAMINGS = 1 + len(VIEW_BOX)  # views of one calibration photograph: whole and its crops
+# The search's expected worst: at 95 % (the report's), ten scored photographs' spread put
+# the trained DINOv2-S's int8 target out of reach of every candidate that its 50-photograph
+# verdict then passed (0.990 needed, 0.986-0.991 expected, 0.9920 judged): 80 %
+SEARCH_CONFIDENCE = 0.8
 CALIB_CROPS_UNDER = 16  # calibration photographs: fewer are also cropped (calibration_batches)
 PHOTO_BATCH = 2  # real images per run (memory at large sizes: ViT-B/16 at 448, batch 8 held 4 GB)
 
@@ -116,7 +120,7 @@ class Evaluator:
                 groups += [start + g for g in blocks]
                 start += len(set(blocks))
             cases += judge_photos(ref, out, resolution=hw, precision="int8", groups=groups,
-                                  others=self.images.photographs)
+                                  others=self.images.photographs, confidence=SEARCH_CONFIDENCE)
         return Score.of(cases)
 
     def accuracy(self, path: Path) -> dict[str, float] | None:

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from vit_deploy.precisions.agreement import (expected_worst, neighbours_kept, per_photograph,
-                                             top_k_agree)
+from vit_deploy.precisions.agreement import (CONFIDENCE, expected_worst, neighbours_kept,
+                                             per_photograph, top_k_agree)
 from vit_deploy.precisions.probe import tensor_probe
 from vit_deploy.runtime.contract import COSINE_MIN, LOGITS_NAME, tolerance_class
 from vit_deploy.runtime.sizes import format_resolution
@@ -265,11 +265,12 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def judge_photos(ref: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray], *,
                  resolution: tuple[int, int], precision: str,
                  labels: Sequence[str] | None = None, groups: Sequence[int] | None = None,
-                 others: int | None = None) -> list[PhotoCase]:
+                 others: int | None = None, confidence: float = CONFIDENCE
+                 ) -> list[PhotoCase]:
     """Every output of `out` against fp32's `ref` on the same real images. `labels` name
     the images (the worst is named), `groups` say which photograph each image is a view of
     (the out-of-sample estimate counts photographs), `others`: how many other photographs
-    the expected worst is for (by default as many as were judged)."""
+    the expected worst is for (by default as many as were judged), at `confidence`."""
     floor = COSINE_MIN[tolerance_class(precision)]
     cases = []
     for name, r in ref.items():
@@ -303,8 +304,8 @@ def judge_photos(ref: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray], *
             passed=finite and float(per_image.min()) >= floor,
             photographs=len(photographs),
             worst_image=labels[worst] if labels is not None and len(labels) == len(r) else None,
-            expected_worst=expected_worst(photographs, others or len(photographs))
-            if finite else None,
+            expected_worst=expected_worst(photographs, others or len(photographs),
+                                          confidence=confidence) if finite else None,
             top5_agree=top5,
             neighbours_kept=None if kept is None else float(kept.mean()),
             neighbours_worst=None if kept is None else float(kept.min())))

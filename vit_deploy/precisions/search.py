@@ -46,6 +46,8 @@ SMOOTH_ALPHAS = (0.5, 0.75)  # tried after the unsmoothed recipe, when it falls 
 MAX_FLOAT_SHARE = 0.2
 MAX_CANDIDATES = 8  # quantise-and-score rounds in all (each is one quantisation; 12
 # cost the trained DINOv2-S's int8-static 6 minutes on the 20 shipped photographs)
+AFTER_VERDICT = 4  # more candidates after a failed verdict ...
+VERDICT_ROUNDS = 2  # ... at most this many times
 RANK_IMAGES = 2  # per calibration size, to rank the layers by the error each adds
 
 
@@ -123,6 +125,7 @@ class RecipeSearch:
         self.goal = target(precision)
         self.margins: list[float] = []
         self.stopped = ""
+        self.limit = MAX_CANDIDATES  # raised by AFTER_VERDICT for each failed verdict
 
     def _score(self, options: QuantOptions, action: str) -> Score:
         self.progress(f"{self.precision}: candidate {len(self.steps) + 1}: {action}")
@@ -137,10 +140,15 @@ class RecipeSearch:
 
     @property
     def can_go_on(self) -> bool:
-        return len(self.steps) < MAX_CANDIDATES and not self.stopped.startswith("no layer")
+        """Whether a failed verdict may send the search on: candidates left after it
+        (AFTER_VERDICT more, VERDICT_ROUNDS times at most) and layers within the budget."""
+        return (len(self.margins) <= VERDICT_ROUNDS and not self.stopped.startswith("no layer")
+                and (self.ranking is None or any(p not in self.tried for p in self.ranking)))
 
     def run(self, margin: float = 0.0) -> QuantOptions:
         """The best recipe so far against the target at `margin` over the floor."""
+        if self.margins:  # after a failed verdict: a few more candidates
+            self.limit = len(self.steps) + AFTER_VERDICT
         self.margins.append(margin)
         self.goal = target(self.precision, margin)
         self.stopped = ""
@@ -163,7 +171,7 @@ class RecipeSearch:
                 self.ranking = _ranked(self.evaluator, self.precision, self.best, self.layers,
                                        self.fit, self.judge, self.probe)
             for layer in self.ranking:
-                if layer in self.tried or len(self.steps) >= MAX_CANDIDATES:
+                if layer in self.tried or len(self.steps) >= self.limit:
                     continue
                 share = sum(self.sizes[p] for p in [*self.kept, layer]) / self.total
                 if share > MAX_FLOAT_SHARE:
@@ -180,8 +188,8 @@ class RecipeSearch:
                 if self.best_score.meets(self.goal):
                     break
             if not self.best_score.meets(self.goal):
-                self.stopped = (f"{MAX_CANDIDATES} candidates scored" if len(self.steps) >=
-                                MAX_CANDIDATES else f"no layer left within the float budget "
+                self.stopped = (f"{len(self.steps)} candidates scored" if len(self.steps) >=
+                                self.limit else f"no layer left within the float budget "
                                 f"({MAX_FLOAT_SHARE:.0%} of the linear multiply-adds)")
                 self.progress(f"{self.precision}: stopped after {len(self.steps)} candidates: "
                               f"target not met ({self.stopped})")
@@ -200,7 +208,9 @@ class RecipeSearch:
                 "kept_float_share": round(share, 4), "margins": self.margins,
                 "stopped": self.stopped or None,
                 "budget": f"at most {MAX_FLOAT_SHARE:.0%} of the linear layers' multiply-adds "
-                          f"kept float, at most {MAX_CANDIDATES} candidates"}
+                          f"kept float, at most {MAX_CANDIDATES} candidates and "
+                          f"{AFTER_VERDICT} more after each failed verdict ({VERDICT_ROUNDS} "
+                          f"at most)"}
 
 
 def search(evaluator: Evaluator, precision: str, quant: QuantOptions,
