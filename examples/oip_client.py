@@ -1,4 +1,4 @@
-"""Classify images over the Open Inference Protocol (KServe v2), against `vit-deploy serve`
+"""Classify (or, --embed, embed) images over the Open Inference Protocol (KServe v2), against `vit-deploy serve`
 or against Triton / KServe serving the repository `vit-deploy triton` wrote: same code,
 only the URL differs.
 
@@ -39,8 +39,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="model name on the server")
     parser.add_argument("--bundle", required=True, help="the bundle: preprocessing and labels")
     parser.add_argument("--output", default="logits", help="the output to classify by")
+    parser.add_argument("--embed", action="store_true",
+                        help="print each image's embedding (the pooled output, unit length) "
+                             "instead of classes: a backbone (DINOv2, CLIP, SigLIP)")
     parser.add_argument("--top-k", type=int, default=5)
     args = parser.parse_args(argv)
+    if args.embed and args.output == "logits":
+        args.output = "pooled"
+    elif not args.embed and args.output != "logits":
+        print(f"error: only 'logits' are classes; {args.output!r} is no classifier's output "
+              f"(--embed prints vectors)", file=sys.stderr)
+        return 2
     try:
         manifest = load_manifest(args.bundle, verify=False)  # no model is run here
         preprocess = Preprocess.from_manifest(manifest)
@@ -55,6 +64,12 @@ def main(argv: list[str] | None = None) -> int:
             request.set_data_from_numpy(x, binary_data=True)
             result = client.infer(args.model, [request],
                                   outputs=[oip.InferRequestedOutput(args.output)])
+            if args.embed:
+                v = result.as_numpy(args.output)[0].astype(np.float64)
+                v = v / max(float(np.linalg.norm(v)), 1e-12)
+                print(f"{path}: {args.output} dim {len(v)}, unit length: "
+                      + " ".join(f"{x:.4f}" for x in v[:8]) + (" ..." if len(v) > 8 else ""))
+                continue
             probs = softmax(result.as_numpy(args.output).astype(np.float64))[0]
             top = np.argsort(-probs, kind="stable")[:args.top_k]
             labels = manifest.labels

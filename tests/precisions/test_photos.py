@@ -274,3 +274,34 @@ def test_a_thin_judging_set_is_reported_as_thin(outlier_bundle, tmp_path):
     assert r.exit_code == 0, r.output
     assert "(1 photographs, 3 images a size)" in text
     assert "judged on only 1 photograph(s): under 16 the worst-image figure says little" in text
+
+
+@pytest.mark.heavy  # an export and two fp16 conversions
+def test_fp16_keeps_float32_where_activations_leave_its_range(tmp_path, make_tiny):
+    """A model whose MLP activations pass fp16's 65504 (fc1 scaled up 1e5, fc2 down): the
+    plain fp16 conversion overflows on the photographs; the fp16 file quantize writes keeps
+    the nodes whose tensors pass 65504 / 8 in float32, names them, and passes."""
+    from vit_deploy.precisions.fp16 import FP16_MAX, HEADROOM
+
+    model = make_tiny()
+    with torch.no_grad():
+        for block in model.blocks:
+            block.mlp.fc1.weight *= 1e5
+            block.mlp.fc1.bias *= 1e5
+            block.mlp.fc2.weight /= 1e5
+    bundle = tmp_path / "b"
+    export_bundle(model, bundle, options=ExportOptions(resolution=(48, 64)))
+    [r] = add_precisions(bundle, ["fp16"])
+    kept = r.recipe["fp16_range"]["kept_fp32_nodes"]
+    assert kept and min(kept.values()) > FP16_MAX / HEADROOM, kept
+    assert r.recipe["kept_fp32_nodes"] == list(kept)
+    assert r.passed and r.worst_photo.cosine_min >= 0.999, r.notes
+    assert any("kept float32, their tensors past 8188" in n for n in r.notes), r.notes
+    fp32 = load_manifest(bundle).model_path(bundle, "fp32")
+    quantize_model(fp32, tmp_path / "plain.onnx", precision="fp16", options=QuantOptions())
+    with ViTSession(bundle) as a, ViTSession(tmp_path / "plain.onnx") as b:
+        pre = a.preprocess()  # at the bundle's deploy size, 48x64
+        x = np.stack([pre(p) for p in photo_paths("eval")])
+        ref, got = a.run(x), b.run(x)
+    cos = (ref * got).sum(1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(got, axis=1))
+    assert not np.isfinite(got).all() or cos.min() < 0.999, cos  # unprotected: overflows

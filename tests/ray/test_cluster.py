@@ -90,7 +90,7 @@ def test_embed_asking_more_cpus_than_any_node_has_says_so(tmp_path, make_tiny):
     start = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "vit_deploy.cli", "embed", str(bundle), str(PHOTO),
                         "--out", str(tmp_path / "f.parquet"), "--cpus-per-actor", "512",
-                        "--quiet"], capture_output=True, text=True, timeout=180)
+                        "--ray", "local", "--quiet"], capture_output=True, text=True, timeout=180)
     assert r.returncode == 1, r.stderr[-2000:]
     assert "--cpus-per-actor 512" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert not (tmp_path / "f.parquet").exists() and time.monotonic() - start < 120

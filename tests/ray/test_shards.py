@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -115,7 +116,7 @@ def test_a_job_that_fails_before_its_first_shard_leaves_nothing(bundle, photos, 
     def no_cluster(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(embed_module, "_run", no_cluster)
+    monkeypatch.setattr(embed_module, "_run_here", no_cluster)  # the default: in this process
     out = tmp_path / "features.parquet"
     with pytest.raises(OSError):
         embed_module.embed(bundle, [photos[0].parent], out)
@@ -144,3 +145,37 @@ def test_a_second_job_on_one_output_stops_at_once_naming_the_first(bundle, photo
     assert r.returncode == 1, r.stderr[-1500:]
     assert f"is being written by vit-deploy (pid {os.getpid()})" in r.stderr, r.stderr[-1500:]
     assert not out.exists() and not parts_dir(out).exists()
+
+
+def test_embed_runs_in_this_process_without_ray(bundle, photos, tmp_path):
+    """The default: no Ray (its import blocked here), one Parquet row per image with the
+    runtime's own logits and classes, a bad image a row with its error; --actors without
+    --ray is refused."""
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+
+    from vit_deploy.runtime import ViTSession
+
+    (photos[0].parent / "broken.png").write_bytes(b"not a png")
+    out = tmp_path / "features.parquet"
+    code = ("import sys; sys.modules['ray'] = None; from vit_deploy.cli import main; "
+            "main(sys.argv[1:])")
+    args = [sys.executable, "-c", code, "embed", str(bundle), str(photos[0].parent), "--out",
+            str(out), "--shard-size", "2", "--batch", "2"]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-1500:]
+    assert "embedding: 2/2 shard(s) written, 4 image(s), 1 bad" in r.stderr, r.stderr
+    table = pq.read_table(out).to_pylist()
+    assert [Path(row["path"]).name for row in table] == ["0.png", "1.png", "2.png", "broken.png"]
+    assert table[3]["error"] and table[3]["logits"] is None
+    with ViTSession(bundle) as s:
+        x = np.stack([s.preprocess()(p) for p in photos])
+        want = s.run_all(x)
+    assert [row["top_k_index"][0] for row in table[:3]] == list(want["logits"].argmax(1))
+    np.testing.assert_allclose([row["logits"] for row in table[:3]], want["logits"], rtol=1e-5,
+                               atol=1e-6)
+    r = subprocess.run([*args, "--force", "--actors", "2"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "give --ray" in r.stderr, r.stderr[-800:]

@@ -534,6 +534,23 @@ def test_the_example_client_classifies_against_serve(url, bundle, runtime, tmp_p
                                                 for c in prediction.top)
 
 
+def test_the_example_client_embeds_and_refuses_to_call_vectors_classes(url, bundle, runtime,
+                                                                       tmp_path):
+    image = tmp_path / "img.png"
+    Image.fromarray(np.random.default_rng(5).integers(0, 255, (40, 50, 3), np.uint8)).save(image)
+    client = [sys.executable, str(ROOT / "examples" / "oip_client.py"), "--url", url,
+              "--model", NAME, "--bundle", str(bundle)]
+    r = subprocess.run([*client, "--embed", str(image)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    v = runtime.embed(image)[0]
+    assert r.stdout.strip() == (f"{image}: pooled dim {len(v)}, unit length: "
+                                + " ".join(f"{x:.4f}" for x in v[:8]) + " ..."), r.stdout
+    r = subprocess.run([*client, "--output", "pooled", str(image)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 2 and "no classifier's output" in r.stderr, r.stderr
+
+
 def test_the_example_client_says_what_is_wrong(url, bundle, tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "oip_client.py"), "--url", url,
                         "--model", "nope", "--bundle", str(bundle), "x.png"],

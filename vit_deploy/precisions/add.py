@@ -6,6 +6,7 @@ checked against PyTorch under the fp32 policy.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from vit_deploy.precisions.evaluate import PHOTO_BATCH, Evaluator, calibration_b
 from vit_deploy.precisions.photos import EvalImages, PhotoCase, layer_costs
 from vit_deploy.progress import Progress, silent
 from vit_deploy.precisions.quantize import QuantOptions, quantisable_layers, quantize_model
+from vit_deploy.precisions.fp16 import FP16_MAX, HEADROOM, PROBED_IMAGES, fp16_unsafe_nodes
 from vit_deploy.precisions.search import RecipeSearch, search_notes
 from vit_deploy.precisions.sensitivity import choose_exclusions, choose_smoothing
 from vit_deploy.runtime.manifest import Manifest, load_manifest
@@ -187,6 +189,13 @@ def _one_precision(evaluator: Evaluator, precision: str, options: PrecisionOptio
     elif precision.startswith("int8") and options.smooth is not None:
         quant, scores = choose_smoothing(evaluator, precision, quant, calibration,
                                          options.smooth, tmp, log)
+    unsafe: dict[str, float] = {}
+    if precision == "fp16":  # what leaves fp16's range on the photographs stays float32
+        unsafe = fp16_unsafe_nodes(evaluator.reference, evaluator.photo_inputs)
+        quant = dataclasses.replace(quant, fp16_keep_nodes=tuple(unsafe))
+        if unsafe:
+            log(f"fp16: {len(unsafe)} node(s) kept float32: their tensors pass "
+                f"{FP16_MAX / HEADROOM:.0f} on the photographs")
     ranking: list[dict[str, Any]] = []
     if options.max_drop is not None and precision != "fp16":
         quant, ranking = choose_exclusions(evaluator, precision, quant, calibration,
@@ -206,6 +215,10 @@ def _one_precision(evaluator: Evaluator, precision: str, options: PrecisionOptio
         if searcher is not None:
             q.recipe["search"] = searcher.record | {"verdicts": verdicts}
             q.recipe.setdefault("smoothing", {"alpha": None})["chosen_by"] = "recipe search"
+        if precision == "fp16":
+            q.recipe["fp16_range"] = {
+                "kept_fp32_nodes": unsafe, "limit": FP16_MAX / HEADROOM,
+                "on": f"the first {PROBED_IMAGES} judged images at each size, every tensor"}
         if ranking:
             q.recipe["sensitivity"] = {"max_drop": options.max_drop, "metric":
                                        "accuracy points" if evaluator.digits is not None
@@ -311,6 +324,12 @@ def _measure(evaluator: Evaluator, path: Path, precision: str,
             notes.append(f"ONNX Runtime runs {got} {expected} kernels for {n_quant} quantised "
                          f"layers: some stayed float")
     if precision == "fp16":
+        kept = recipe.get("fp16_range", {}).get("kept_fp32_nodes") or {}
+        if kept:
+            notes.append(f"kept float32, their tensors past {FP16_MAX / HEADROOM:.0f} on the "
+                         f"photographs: {len(kept)} node(s) ("
+                         + ", ".join(f"{n} {v:.3g}" for n, v in list(kept.items())[:4])
+                         + (", ..." if len(kept) > 4 else "") + ")")
         inserted = runtime["inserted_casts"]
         notes.append(f"CPU provider: ONNX Runtime inserted {inserted} Cast nodes to run ops "
                      f"that have no fp16 CPU kernel in fp32 (fp16 is a GPU precision)"

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from vit_deploy.precisions.fp16 import fp16_file
 from vit_deploy.precisions.fusions import fuse_for_cpu
 from vit_deploy.progress import Progress, silent
 from vit_deploy.runtime.files import write_bytes_atomic
@@ -57,6 +58,7 @@ class QuantOptions:
     fuse_gelu: bool = True
     fuse_attention: bool = False  # ORT's MultiHeadAttention: measured, not kept (cpu-speed.md)
     fp16_keep_fp32: tuple[str, ...] = FP16_KEEP_FP32
+    fp16_keep_nodes: tuple[str, ...] = ()  # nodes kept float32 by name (fp16_ranges.py)
     # int8 / int8-static: SmoothQuant-style scale migration (smooth.py) with this alpha,
     # folded into the graph before quantising; its statistics come from the calibration
     # images. None: no smoothing.
@@ -199,10 +201,11 @@ def quantize_model(src: str | Path, dst: str | Path, *, precision: str,
             recipe.update(kind="weight-only MatMulNBits", weights=f"int4 symmetric, block "
                           f"{options.block_size}", activations="float32", accuracy_level=4)
         else:  # fp16
-            _fp16(model, out_tmp, options)
+            fp16_file(model, out_tmp, options.fp16_keep_fp32, options.fp16_keep_nodes)
             recipe.update(quantised_layers=[], kept_float_layers=[],
                           kind="float16 weights and compute", io="float32",
-                          kept_fp32_ops=list(options.fp16_keep_fp32))
+                          kept_fp32_ops=list(options.fp16_keep_fp32),
+                          kept_fp32_nodes=list(options.fp16_keep_nodes))
         if precision in ("int8", "int8-static"):  # CPU precisions: ORT's contrib kernels
             recipe.update(fuse_for_cpu(out_tmp, model, gelu=options.fuse_gelu,
                                        attention=options.fuse_attention))
@@ -354,35 +357,3 @@ def _int4(model: onnx.ModelProto, dst: Path, nodes: list[str], options: QuantOpt
                                          nodes_to_exclude=others, op_types_to_quantize=("MatMul",))
         quantizer.process()
     onnx.save(quantizer.model.model, str(dst))
-
-
-def _fp16(model: onnx.ModelProto, dst: Path, options: QuantOptions) -> None:
-    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
-    from onnxruntime.transformers.onnx_model import OnnxModel
-
-    block = sorted(set(DEFAULT_OP_BLOCK_LIST) | set(options.fp16_keep_fp32))
-    converted = convert_float_to_float16(model, keep_io_types=True, op_block_list=block,
-                                         disable_shape_infer=False)
-    _drop_repeated_nodes(converted)
-    OnnxModel(converted).topological_sort()  # the converter appends its input casts at the end
-    onnx.save(converted, str(dst))
-
-
-def _drop_repeated_nodes(model: onnx.ModelProto) -> None:
-    """Keep one of each node the fp16 converter wrote twice. It casts a kept-fp32 op's
-    float16 input once per consumer, under one name: an initializer that the exporter shared
-    between LayerNorms (identical zero biases of a fresh model, unsimplified) became two
-    `NAME_cast_to_fp32` Casts, which breaks single assignment. Same op, inputs, outputs
-    and attributes: the same value, so one serves."""
-    seen: set[tuple] = set()
-    keep = []
-    for node in model.graph.node:
-        key = (node.op_type, node.domain, tuple(node.input), tuple(node.output),
-               tuple(a.SerializeToString(deterministic=True) for a in node.attribute))
-        if key in seen:
-            continue
-        seen.add(key)
-        keep.append(node)
-    if len(keep) != len(model.graph.node):
-        del model.graph.node[:]
-        model.graph.node.extend(keep)

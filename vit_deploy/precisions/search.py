@@ -128,7 +128,8 @@ class RecipeSearch:
         self.limit = MAX_CANDIDATES  # raised by AFTER_VERDICT for each failed verdict
 
     def _score(self, options: QuantOptions, action: str) -> Score:
-        self.progress(f"{self.precision}: candidate {len(self.steps) + 1}: {action}")
+        self.progress(f"{self.precision}: candidate {len(self.steps) + 1} of at most "
+                      f"{self.limit}: {action}")
         quantize_model(self.evaluator.reference, self.probe, precision=self.precision,
                        options=options, calibration=self.fit)
         s = self.evaluator.calibration_score(self.probe, self.judge)

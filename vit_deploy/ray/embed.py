@@ -1,8 +1,9 @@
 """`vit-deploy embed`: pooled features, logits and top-k classes of many images, one row
-per image, to Parquet, with Ray Data.
+per image, to Parquet: in this process (the default, no Ray needed) or with Ray Data.
 
 The job: the image paths (`shards.collect_paths`) are cut into deterministic shards; those
-already written (a killed run's) are skipped. Ray Data reads the rest: tasks read each file
+already written (a killed run's) are skipped. In this process one session embeds the
+rest shard by shard (_run_here). On a cluster Ray Data reads them: tasks read each file
 and preprocess it by the manifest's rule (the runtime's `Preprocess`), an actor pool of
 ViTSessions (`map_batches` with a callable class) runs the model on same-size groups, and
 the driver writes each shard atomically once all its rows are in, saying how far it got.
@@ -55,7 +56,7 @@ class EmbedOptions:
     shard_size: int = SHARD_SIZE
     actors: int | None = None
     cpus_per_actor: float = 1.0
-    address: str = "local"
+    address: str | None = None  # None: in this process, no Ray; else a Ray cluster's
     wait_s: float = 60.0  # for the actors' CPUs to come free (cluster.wait_for_cpus)
 
     def __post_init__(self) -> None:
@@ -113,7 +114,7 @@ class Embedder:
     """Ray Data actor: one ViTSession; a batch of preprocessed rows -> their output rows."""
 
     def __init__(self, bundle: str, provider: str, precision: str, top_k: int, batch: int,
-                 threads: int):
+                 threads: int | None):
         from vit_deploy.runtime import ViTSession
         from vit_deploy.runtime.ort_session import RuntimeOptions
 
@@ -207,7 +208,8 @@ def _embed(bundle: Path, images: list[str | Path], out: Path, options: EmbedOpti
              f"{len(shards) - len(pending)} already written")
     if pending:
         try:
-            _run(bundle, pending, folder, pre, options, progress)
+            run = _run if options.address is not None else _run_here
+            run(bundle, pending, folder, pre, options, progress)
         except BaseException:
             if not any(folder.glob("part-*.parquet")):  # nothing to resume: no leftovers
                 shutil.rmtree(folder, ignore_errors=True)
@@ -256,6 +258,26 @@ def _run(bundle: Path, pending: list[Shard], folder: Path, pre: Preprocess,
                                                  options.batch,
                                                  max(1, int(options.cpus_per_actor))))
         _collect(ds, pending, folder, progress)
+
+
+def _run_here(bundle: Path, pending: list[Shard], folder: Path, pre: Preprocess,
+              options: EmbedOptions, progress: Progress) -> None:
+    """The job in this process, without Ray: one session (every core), the shards in
+    order, each written atomically once its rows are in (the same rows as on a cluster)."""
+    embedder = Embedder(str(bundle), options.provider, options.precision, options.top_k,
+                        options.batch, None)
+    images = bad = 0
+    for done, shard in enumerate(pending, 1):
+        tables = []
+        for start in range(0, len(shard.paths), options.batch):
+            paths = np.array(shard.paths[start:start + options.batch], dtype=object)
+            table = embedder(_read_and_preprocess({"path": paths}, pre))
+            images += table.num_rows
+            bad += table.num_rows - table.column("error").null_count
+            tables.append(table)
+        write_table_atomic(pa.concat_tables(tables), folder / shard.name)
+        progress(f"embedding: {done}/{len(pending)} shard(s) written, {images} image(s), "
+                 f"{bad} bad")
 
 
 def _collect(ds: Any, pending: list[Shard], folder: Path, progress: Progress) -> None:

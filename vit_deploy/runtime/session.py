@@ -18,6 +18,7 @@ from vit_deploy.runtime.config import ViTConfig
 from vit_deploy.runtime.contract import FEATURES_NAME, LOGITS_NAME, PATCH_TOKENS_NAME
 from vit_deploy.runtime.buckets import BucketRunner, resolve_target
 from vit_deploy.runtime.cpu import VNNI_CPU, int8_warning, meets
+from vit_deploy.runtime.embedding import embed_images, not_a_classifier
 from vit_deploy.runtime.manifest import Manifest, load_manifest
 from vit_deploy.runtime.manifest_parts import BundleError
 from vit_deploy.runtime.model_scan import inspect_model, int8_weights_need
@@ -139,9 +140,7 @@ class ViTSession:
         return outs[LOGITS_NAME] if LOGITS_NAME in outs else outs[self.output_names[0]]
 
     def pooled(self, pixel_values: np.ndarray) -> np.ndarray:
-        """Pooled features (B, width): the `pooled` output (export with --outputs
-        logits,pooled, or a
-        backbone's default)."""
+        """Pooled features (B, width): the `pooled` output (a backbone's default)."""
         return self.run_all(pixel_values)[self._require_output(FEATURES_NAME, "--outputs logits,pooled")]
 
     def features(self, images: ImageInput | Sequence[ImageInput], *,
@@ -229,8 +228,17 @@ class ViTSession:
                 results[i] = Prediction(_describe(images[i]), tuple(batch.shape[2:]), row)
         return results  # type: ignore[return-value]
 
+    def embed(self, images: ImageInput | Sequence[ImageInput], *, normalize: bool = True,
+              output: str | None = None, preprocess: Preprocess | None = None) -> np.ndarray:
+        """Images (paths, bytes, PIL, HWC uint8 arrays) -> (N, D) float32 vectors of the
+        embedding output (`pooled`), unit length with `normalize` (runtime/embedding.py)."""
+        return embed_images(self, _as_list(images), normalize=normalize, output=output,
+                            preprocess=preprocess)
+
     def classify(self, batch: np.ndarray, top_k: int) -> list[list[Classified]]:
         """Normalised (B, C, H, W) -> the top-k classes of each image, best first."""
+        if (backbone := not_a_classifier(self.model_path, self.output_names)) is not None:
+            raise backbone
         outs = self.run_all(batch)
         name = LOGITS_NAME if LOGITS_NAME in outs else self.output_names[0]
         logits = require_finite(outs[name], name)

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from vit_deploy.runtime.embedding import embedding_output, normalised
 from vit_deploy.runtime.preprocess import group_by_shape
 from vit_deploy.runtime.session import InputError
 from vit_deploy.serve.errors import Failure, busy, describe
@@ -31,7 +32,8 @@ class Job:
 
     data: Any
     future: asyncio.Future
-    outputs: tuple[str, ...] | None = None  # None: a /predict job
+    outputs: tuple[str, ...] | None = None  # None: a /predict or /embed job
+    embed: bool = False  # an /embed job: image bytes in, the embedding out
 
     @property
     def tensor(self) -> bool:
@@ -44,9 +46,9 @@ class Job:
 
 class Batcher:
     """Collects requests for up to `max_wait_ms` (or until they hold `max_batch` images)
-    and runs them in a worker thread: /predict images and v2 tensors each grouped by size,
-    one session call per group and per `max_batch` images (a v2 request's rows may span two
-    calls; /predict and v2 never share one, as one is classified and the other is raw).
+    and runs them in a worker thread: /predict and /embed images and v2 tensors each grouped
+    by size, one session call per group and per `max_batch` images (a v2 request's rows may
+    span two calls; the three kinds never share one: classified, embedded, raw).
 
     `start()` and `stop()` run in the serving event loop (the app's lifespan)."""
 
@@ -100,6 +102,11 @@ class Batcher:
         """Queue one image; its future gets a result dict or a Failure. Raises Failure(503)
         when the worker is not running or the queue is full."""
         return self._enqueue(Job(image, asyncio.get_running_loop().create_future()))
+
+    def submit_embed(self, image: bytes) -> asyncio.Future:
+        """Queue one image for its embedding (runtime/embedding.py: the bundle's embedding
+        output, unit length); its future gets a result dict or a Failure."""
+        return self._enqueue(Job(image, asyncio.get_running_loop().create_future(), embed=True))
 
     def submit_tensor(self, pixels: np.ndarray, outputs: tuple[str, ...]) -> asyncio.Future:
         """Queue a (B, C, H, W) batch of B <= max_batch images; its future gets {output
@@ -180,19 +187,20 @@ class Batcher:
 
     def _predict(self, jobs: list[Job]) -> list[Any]:
         """One result per job: a dict, or a Failure for that job (or its group)."""
-        rows: dict[bool, list[tuple[int, np.ndarray]]] = {False: [], True: []}  # by kind
+        runs = {"predict": self._classify, "tensor": self._infer, "embed": self._embed}
+        rows: dict[str, list[tuple[int, np.ndarray]]] = {kind: [] for kind in runs}
         parts: list[list[Any]] = [[] for _ in jobs]  # each job's per-image results, in order
         for i, job in enumerate(jobs):
             if job.tensor:
-                rows[True] += [(i, x) for x in job.data]
+                rows["tensor"] += [(i, x) for x in job.data]
             else:
                 x = self._prepare(job.data)
                 if isinstance(x, Failure):
                     parts[i].append(x)
                 else:
-                    rows[False].append((i, x))
-        for tensor, items in rows.items():
-            run = self._infer if tensor else self._classify
+                    rows["embed" if job.embed else "predict"].append((i, x))
+        for kind, items in rows.items():
+            run = runs[kind]
             for indices, batch in group_by_shape(items):
                 for start in range(0, len(indices), self.max_batch):
                     part = batch[start:start + self.max_batch]
@@ -226,6 +234,21 @@ class Batcher:
                      "provider": self.session.providers[0]} for top in rows]
         except Exception as e:  # the run failed: only this group's requests hear of it
             log.error("inference failed for a batch of %d: %s", n, describe(e))
+            return [Failure(500, f"inference failed: {describe(e)}")] * n
+
+    def _embed(self, batch: np.ndarray, n: int) -> list[Any]:
+        """n result dicts {"embedding": unit-length vector, ...}, or n times one Failure."""
+        name = embedding_output(self.session.output_names)
+        try:
+            vectors = self._run_all(batch)[name]
+            if len(vectors) != n or not np.isfinite(vectors).all():
+                return [Failure(500, f"the model gave {len(vectors)} non-finite or missing "
+                                     f"embeddings for {n} images: not sent as data")] * n
+            return [{"embedding": v.tolist(), "dim": int(v.shape[0]), "output": name,
+                     "normalized": True, "similarity": "cosine", "batch_size": n,
+                     "provider": self.session.providers[0]} for v in normalised(vectors)]
+        except Exception as e:  # as in _classify: only this group hears of it
+            log.error("embedding failed for a batch of %d: %s", n, describe(e))
             return [Failure(500, f"inference failed: {describe(e)}")] * n
 
     def _infer(self, batch: np.ndarray, n: int) -> list[Any]:

@@ -12,7 +12,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-ENDPOINTS = ("predict", "v2")  # the inference endpoints the metrics count, by label
+ENDPOINTS = ("predict", "embed", "v2")  # the inference endpoints the metrics count, by label
 LATENCY_WINDOW = 1024  # the most recent latencies kept for percentiles
 LATENCY_BUCKETS_MS = (1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 CLIENT_GONE = 499  # nginx's status for "client closed the request"; nobody reads it

@@ -1,4 +1,5 @@
-"""The server's own API: `POST /predict` (raw image bytes or multipart) -> top-k JSON;
+"""The server's own API: `POST /predict` (raw image bytes or multipart) -> top-k JSON
+(a backbone without a classifier: 400, naming /embed); `POST /embed` -> the image's vector;
 `GET /health`, `/metadata` (the manifest), `/stats` (counters and latency percentiles as
 JSON), `/metrics` (the Prometheus text format). Errors are raised as Failure; the app's
 handler answers them."""
@@ -12,7 +13,9 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
+from vit_deploy.runtime.embedding import embedding_output, not_a_classifier
 from vit_deploy.serve.answer import answer
+from vit_deploy.serve.errors import Failure
 from vit_deploy.serve.limits import BodyClaim, read_image
 from vit_deploy.serve.state import BatcherDep, BudgetDep, LimitsDep, RegistryDep, SessionDep
 
@@ -21,14 +24,39 @@ router = APIRouter()
 
 @router.post("/predict")
 async def predict(request: Request, batcher: BatcherDep, budget: BudgetDep,
-                  limits: LimitsDep):
+                  limits: LimitsDep, session: SessionDep):
+    backbone = not_a_classifier(getattr(session, "model_path", "the model"),
+                                session.output_names)
+
     async def submit(claim: BodyClaim) -> asyncio.Future:
+        if backbone is not None:  # a softmax over embedding dimensions is no answer
+            raise Failure(400, str(backbone).replace("embed()", "POST /embed", 1))
         return batcher.submit(await read_image(request, limits, claim))
 
     async def respond(result: dict[str, Any]) -> Response:
         return JSONResponse(result)
 
     return await answer(request, "predict", metrics=batcher.metrics, budget=budget,
+                        submit=submit, respond=respond)
+
+
+@router.post("/embed")
+async def embed(request: Request, batcher: BatcherDep, budget: BudgetDep,
+                limits: LimitsDep, session: SessionDep):
+    """One image (raw bytes or multipart) -> its embedding: the bundle's embedding output
+    (`pooled`), unit length, with its dimension and similarity (cosine)."""
+    name = embedding_output(session.output_names)
+
+    async def submit(claim: BodyClaim) -> asyncio.Future:
+        if name is None:
+            raise Failure(400, f"this model has no embedding output (outputs: "
+                               f"{session.output_names}); export with --outputs pooled")
+        return batcher.submit_embed(await read_image(request, limits, claim))
+
+    async def respond(result: dict[str, Any]) -> Response:
+        return JSONResponse(result)
+
+    return await answer(request, "embed", metrics=batcher.metrics, budget=budget,
                         submit=submit, respond=respond)
 
 

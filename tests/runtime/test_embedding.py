@@ -1,0 +1,84 @@
+"""Images in, vectors out (vit_deploy/runtime/embedding.py): ViTSession.embed, a backbone
+asked to classify, and the server's POST /embed beside /predict."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from vit_deploy.data import photo_paths
+from vit_deploy.export.bundle import ExportOptions, export_bundle
+from vit_deploy.runtime import ViTSession
+from vit_deploy.runtime.manifest_parts import BundleError
+from vit_deploy.runtime.preprocess import Preprocess
+from vit_deploy.serve.app import make_app
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory, make_tiny):
+    """A backbone (pooled and patch tokens, no classifier) and a classifier with pooled."""
+    root = tmp_path_factory.mktemp("embed")
+    model = make_tiny()
+    export_bundle(model, root / "backbone", options=ExportOptions(
+        resolution=(32, 48), outputs=("pooled", "patch_tokens")))
+    export_bundle(model, root / "classifier", options=ExportOptions(
+        resolution=(32, 48), outputs=("logits", "pooled")))
+    return root / "backbone", root / "classifier"
+
+
+def _png(value: int, size=(40, 60)) -> bytes:
+    rng = np.random.default_rng(value)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (*size, 3), dtype=np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_embed_takes_images_and_gives_the_pooled_vectors(bundles):
+    backbone, classifier = bundles
+    photos = photo_paths("eval")[:3]
+    with ViTSession(backbone) as s:
+        v = s.embed([*photos, _png(1)])
+        x = np.stack([s.preprocess()(p) for p in [*photos, _png(1)]])
+        pooled = s.run_all(x)["pooled"]
+        assert v.shape == (4, pooled.shape[1]) and v.dtype == np.float32
+        np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, rtol=1e-6)
+        np.testing.assert_allclose(v, pooled / np.linalg.norm(pooled, axis=1, keepdims=True),
+                                   rtol=1e-5, atol=1e-6)
+        raw = s.embed(photos[0], normalize=False)  # one image: a (1, D) array
+        np.testing.assert_allclose(raw[0], pooled[0], rtol=1e-5, atol=1e-6)
+        other = s.embed(photos[:2], preprocess=Preprocess.from_manifest(s.manifest,
+                                                                         resolution=(48, 48)))
+        assert other.shape == v[:2].shape and not np.allclose(other, v[:2])  # another size
+        with pytest.raises(BundleError, match=r"no 'logits' output to classify with .*use "
+                                              r"embed\(\) for its 'pooled' vectors"):
+            s.predict(photos[0])
+    with ViTSession(classifier) as s:  # a classifier with pooled embeds too
+        assert s.embed(photos[:1]).shape == (1, v.shape[1]) and s.predict(photos[0])
+
+
+def test_a_model_without_a_vector_output_says_how_to_get_one(tmp_path, make_tiny):
+    export_bundle(make_tiny(), tmp_path / "b", options=ExportOptions(resolution=(32, 48)))
+    with ViTSession(tmp_path / "b") as s:
+        with pytest.raises(BundleError, match="no one-vector-per-image output to embed with"):
+            s.embed(photo_paths("eval")[0])
+
+
+def test_the_server_embeds_and_refuses_to_classify_a_backbone(bundles):
+    backbone, _ = bundles
+    with ViTSession(backbone) as s, TestClient(make_app(s, max_batch=4)) as client:
+        r = client.post("/predict", content=_png(2), headers={"content-type": "image/png"})
+        assert r.status_code == 400 and "use POST /embed" in r.text, r.text
+        r = client.post("/embed", content=_png(2), headers={"content-type": "image/png"})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["output"] == "pooled" and body["normalized"] and body["dim"] == \
+            len(body["embedding"]) and body["similarity"] == "cosine"
+        np.testing.assert_allclose(body["embedding"], s.embed(_png(2))[0], rtol=1e-5,
+                                   atol=1e-6)
+        r = client.post("/embed", content=b"not an image", headers={"content-type": "image/png"})
+        assert r.status_code == 400  # answered to the request that caused it
+        assert client.get("/health").json()["status"] == "ok"
