@@ -220,7 +220,7 @@ def _dense_fixtures(out: Path) -> dict:
         labels=LABELS))
     _without_output(dense, out / "bundle-backbone", "logits")
     record: dict = {"outputs": [*DENSE_OUTPUTS, *(f"layer_{b}" for b in DENSE_LAYERS)],
-                    "features": [], "logits": []}
+                    "features": [], "logits": [], "embeddings": []}
     with ViTSession(dense) as session:
         assert session.output_names == record["outputs"], session.output_names
         for name in DENSE_IMAGES:
@@ -229,6 +229,9 @@ def _dense_fixtures(out: Path) -> dict:
                 record["features"].append({
                     "image": name, "output": output, "dims": list(y.shape),
                     "file": _write_f32(out / f"features-{name}-{output}.f32", y)})
+            record["embeddings"].append({  # ViTSession.embed: what vit.embed() must give
+                "image": name, "file": _write_f32(out / f"embed-{name}.f32",
+                                                  session.embed(IMAGES / name)[0])})
             x = session.preprocess().array(load_image(IMAGES / name))[None]
             top = session.predict([IMAGES / name], top_k=5)[0].top
             record["logits"].append({

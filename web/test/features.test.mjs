@@ -70,6 +70,28 @@ test('a backbone: run() gives its first output as Python, classify() says there 
   assert.deepEqual(f.dims, dense.features.find((e) => e.image === entry.image).dims);
 });
 
+test('embed() gives Python ViTSession.embed\'s unit vectors, on a backbone and a classifier', async () => {
+  assert.ok(dense.embeddings.length >= 2);
+  for (const entry of dense.embeddings) {
+    const want = f32(entry.file);
+    for (const vit of [vits.backbone, vits.dense]) {
+      const r = await vit.embed(path.join(IMAGES, entry.image));
+      assert.equal(r.output, 'pooled');
+      assert.equal(r.dim, want.length);
+      assert.ok(maxAbs(r.data, want) <= 1e-5, `${entry.image}: ${maxAbs(r.data, want)}`);
+      assert.ok(r.normalized && r.similarity === 'cosine' && r.provider === 'cpu');
+    }
+    const raw = await vits.backbone.embed(path.join(IMAGES, entry.image), { normalize: false });
+    let norm = 0;
+    for (const x of raw.data) norm += x * x;
+    assert.ok(Math.abs(Math.sqrt(norm) - 1) > 1e-3 && !raw.normalized); // the model's own vector
+  }
+  await assert.rejects(vits.backbone.classify(path.join(IMAGES, dense.embeddings[0].image)), (e) =>
+    e instanceof BundleError && e.message.includes('use embed() for its vectors'));
+  await assert.rejects(vits.dense.embed(path.join(IMAGES, dense.embeddings[0].image), { output: 'layer_9' }),
+    (e) => e instanceof BundleError && e.message.includes('has no "layer_9" to embed with'));
+});
+
 test('features() of an output the bundle lacks, or of one not on the grid, names the outputs', async () => {
   const image = path.join(IMAGES, 'hopper-small.png');
   await assert.rejects(vits.dense.features(image, { output: 'layer_2' }), (e) =>

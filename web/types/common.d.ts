@@ -383,6 +383,17 @@ export interface Features {
   ms: Timings;
   provider: Provider;
 }
+/** One image's embedding (vit.embed): the pooled output, unit length unless normalize: false. */
+export interface Embedding {
+  data: Float32Array;
+  dim: number;
+  output: string;
+  normalized: boolean;
+  similarity: 'cosine';
+  inputSize: [number, number];
+  ms: { prepare: number; run: number };
+  provider: Provider;
+}
 export interface Output {
   data: Float32Array;
   dims: number[];
@@ -411,6 +422,9 @@ export interface ViTMethods<Image> {
   /** Classify one image; needs the bundle's `logits` output. topK: an integer >= 1 (default 5;
    * more than the classes gives them all); anything else is an Error. */
   classify(image: Image, options?: { topK?: number } & PreprocessOverrides): Promise<Classification>;
+  /** One image's embedding, as Python's ViTSession.embed: the one-vector-per-image output
+   * (pooled, else class_token), unit length (normalize: false for the raw vector). */
+  embed(image: Image, options?: { normalize?: boolean; output?: string } & PreprocessOverrides): Promise<Embedding>;
   /** Dense features of one image: a grid output (patch_tokens or layer_N), resized with the
    * rule patch_multiple. */
   features(image: Image, options?: { output?: string } & PreprocessOverrides): Promise<Features>;

@@ -6,6 +6,7 @@ import {
   METADATA_CONFIG_KEY, PATCH_TOKENS, show, WEB_RECORD,
 } from './common.mjs';
 import { decodeImage } from './decode.mjs';
+import { embedImage } from './embedding.mjs';
 import { bundleFile, int8Recipe, int8Warning, readManifest } from './manifest.mjs';
 import { batchCoupled, int8WeightsNeed, modelMetadata } from './onnx-metadata.mjs';
 import { Preprocess } from './preprocess.mjs';
@@ -257,7 +258,8 @@ export class ViT {
     this.#live();
     if (!this.outputNames.includes(LOGITS)) {
       throw new BundleError(`${this.url} has no ${show(LOGITS)} output to classify with (outputs: ` +
-        `${show(this.outputNames)}): a backbone without a classifier; use features() or runAll()`);
+        `${show(this.outputNames)}): a backbone without a classifier; use embed() for its vectors, ` +
+        'features() or runAll()');
     }
     const t0 = performance.now();
     const decoded = await decodeImage(image, this.constructor.platform);
@@ -273,6 +275,9 @@ export class ViT {
     return { top: topK(logits, k, this.labels), logits, inputSize: [dims[2], dims[3]],
       ms: { decode: t1 - t0, preprocess: t2 - t1, run: t3 - t2 }, provider: this.info.provider };
   }
+
+  /** One image's embedding, unit length, as Python's ViTSession.embed (lib/embedding.mjs). */
+  async embed(image, options = {}) { this.#live(); return embedImage(this, image, options); }
 
   /**
    * Dense features of one image, as Python's ViTSession.features: the grid output `output`
