@@ -350,7 +350,8 @@ def test_metrics_stay_bounded(session, monkeypatch):
     assert {"requests", "images", "batches", "max_batch_seen", "errors", "max_batch",
             "max_wait_ms", "queue_depth", "max_queue", "batch_sizes", "responses"} <= set(m)
     assert m["requests"] == m["images"] == 20 and m["batches"] == 20
-    assert m["batch_sizes"] == {"1": 20} and m["responses"] == {"predict": {"200": 20}, "v2": {}}
+    assert m["batch_sizes"] == {"1": 20}
+    assert m["responses"] == {"predict": {"200": 20}, "embed": {}, "v2": {}}
     assert len(batcher.metrics.latency["v2"].recent) == 0
     lat = m["latency_ms"]["predict"]
     assert lat["count"] == 20 and lat["window"] == 8 and lat["buckets"]["+Inf"] == 20
