@@ -4,6 +4,9 @@ asked to classify, and the server's POST /embed beside /predict."""
 from __future__ import annotations
 
 import io
+import json
+import re
+import shutil
 
 import numpy as np
 import pytest
@@ -13,6 +16,7 @@ from PIL import Image
 from vit_deploy.data import photo_paths
 from vit_deploy.export.bundle import ExportOptions, export_bundle
 from vit_deploy.runtime import ViTSession
+from vit_deploy.runtime.manifest import load_manifest
 from vit_deploy.runtime.manifest_parts import BundleError
 from vit_deploy.runtime.preprocess import Preprocess
 from vit_deploy.serve.app import make_app
@@ -82,3 +86,70 @@ def test_the_server_embeds_and_refuses_to_classify_a_backbone(bundles):
         r = client.post("/embed", content=b"not an image", headers={"content-type": "image/png"})
         assert r.status_code == 400  # answered to the request that caused it
         assert client.get("/health").json()["status"] == "ok"
+
+
+def _manifest_json(bundle):
+    return json.loads((bundle / "manifest.json").read_text())
+
+
+def test_export_writes_what_the_bundle_is_for(bundles):
+    backbone, classifier = bundles
+    with ViTSession(backbone) as s:
+        width = s.embed(_png(1)).shape[1]  # what the graph gives
+    assert _manifest_json(backbone)["purpose"] == {
+        "kind": "embedding", "classifier": None, "embedding": {
+            "output": "pooled", "dim": width, "normalised": False, "similarity": "cosine"}}
+    purpose = _manifest_json(classifier)["purpose"]
+    assert purpose["kind"] == "classifier+embedding" and purpose["classifier"] == "logits"
+
+
+def test_consumers_read_the_purpose_from_the_manifest(bundles, tmp_path):
+    """A classifier bundle whose manifest says it only embeds is refused classification by the
+    runtime and the server alike: the manifest decides, not the output names."""
+    _, classifier = bundles
+    b = shutil.copytree(classifier, tmp_path / "b")
+    m = _manifest_json(b)
+    m["purpose"] = {"classifier": None, "embedding": {"output": "pooled", "similarity": "dot"}}
+    (b / "manifest.json").write_text(json.dumps(m))
+    assert load_manifest(b).purpose.kind == "embedding"
+    with ViTSession(b) as s, TestClient(make_app(s, max_batch=2)) as client:
+        with pytest.raises(BundleError, match="use embed"):
+            s.predict(_png(3))
+        assert client.post("/predict", content=_png(3),
+                           headers={"content-type": "image/png"}).status_code == 400
+        r = client.post("/embed", content=_png(3), headers={"content-type": "image/png"})
+        assert r.status_code == 200 and r.json()["similarity"] == "dot", r.text
+
+
+def test_a_manifest_written_before_the_field_reads_its_purpose_from_the_outputs(bundles, tmp_path):
+    backbone, _ = bundles
+    b = shutil.copytree(backbone, tmp_path / "old")
+    m = _manifest_json(b)
+    del m["purpose"]
+    (b / "manifest.json").write_text(json.dumps(m))
+    assert load_manifest(b).purpose.embedding == "pooled"
+    assert load_manifest(b).purpose.classifier is None
+
+
+@pytest.mark.parametrize("purpose, field", [
+    ([1, 2], "purpose. must be an object"),
+    ({"classifier": "scores"}, "purpose.classifier must be null or one of the outputs"),
+    ({"classifier": ["logits"]}, "purpose.classifier"),
+    ({"embedding": "pooled"}, "purpose.embedding must be null or an object"),
+    ({"embedding": {"output": "patch_tokens"}}, "purpose.embedding.output must be one of the "
+                                                 "(batch, width) outputs ['pooled']"),
+    ({"embedding": {"output": {"a": 1}}}, "purpose.embedding.output"),
+    ({"embedding": {"output": "pooled", "dim": 31}}, "purpose.embedding.dim"),
+    ({"embedding": {"output": "pooled", "dim": True}}, "purpose.embedding.dim"),
+    ({"embedding": {"output": "pooled", "normalised": "yes"}}, "purpose.embedding.normalised"),
+    ({"embedding": {"output": "pooled", "similarity": "euclid"}}, "purpose.embedding.similarity"),
+    ({"embedding": {"output": "pooled", "similarity": ["cosine"]}}, "purpose.embedding.simil"),
+])
+def test_a_lying_purpose_is_one_line_error(bundles, tmp_path, purpose, field):
+    backbone, _ = bundles
+    b = shutil.copytree(backbone, tmp_path / "lie")
+    m = _manifest_json(b)
+    m["purpose"] = purpose
+    (b / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(BundleError, match=re.escape(field)):
+        load_manifest(b)

@@ -5,37 +5,40 @@ classifier: asked to classify, it says so and names embed(). Torch-free."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from vit_deploy.runtime.contract import (CLASS_TOKEN_NAME, FEATURES_NAME, LOGITS_NAME,
-                                         OUTPUT_KINDS)
+from vit_deploy.runtime.contract import FEATURES_NAME, LOGITS_NAME
 from vit_deploy.runtime.manifest_parts import BundleError
+from vit_deploy.runtime.purpose import Purpose
 from vit_deploy.runtime.results import require_finite
 
 if TYPE_CHECKING:
     from vit_deploy.runtime.preprocess import ImageInput, Preprocess
 
-# The outputs that are one vector per image, best first: the pooled output (the class
-# token, a mean over the tokens or a MAP head, and CLIP's projection), else the class token
-EMBEDDING_OUTPUTS = (FEATURES_NAME, CLASS_TOKEN_NAME)
+def purpose_of(session: Any) -> Purpose:
+    """A session's purpose: its manifest's, or (a bare .onnx file) read from its outputs."""
+    manifest = getattr(session, "manifest", None)
+    purpose = getattr(manifest, "purpose", None)
+    return purpose if purpose is not None else Purpose.of_outputs(session.output_names)
 
 
-def embedding_output(output_names: Sequence[str]) -> str | None:
-    """The output that embeds an image, of those a model has (None: none does)."""
-    return next((n for n in EMBEDDING_OUTPUTS if n in output_names), None)
+def embedding_output(session: Any) -> str | None:
+    """The output that embeds an image (the manifest's purpose says; None: none does)."""
+    return purpose_of(session).embedding
 
 
-def not_a_classifier(path: Path, output_names: Sequence[str]) -> BundleError | None:
-    """The error for classifying with a model whose outputs are all known non-classifier
-    kinds (a backbone), or None when it has logits or outputs of its own naming."""
-    if LOGITS_NAME in output_names or not all(n in OUTPUT_KINDS for n in output_names):
+def not_a_classifier(session: Any) -> BundleError | None:
+    """The error for classifying with a model that does not classify (a backbone: its
+    purpose has no classifier), or None when it does."""
+    purpose = purpose_of(session)
+    if purpose.classifier is not None:
         return None
-    use = embedding_output(output_names)
-    return BundleError(f"{str(path)!r} has no {LOGITS_NAME!r} output to classify with (outputs: "
-                       f"{list(output_names)}): a backbone without a classifier; "
+    use = purpose.embedding
+    path = str(getattr(session, "model_path", "the model"))
+    return BundleError(f"{path!r} has no {LOGITS_NAME!r} output to classify with (outputs: "
+                       f"{list(session.output_names)}): a backbone without a classifier; "
                        + (f"use embed() for its {use!r} vectors (`vit-deploy embed`, POST "
                           f"/embed)" if use else "use features() or run_all()"))
 
@@ -54,7 +57,7 @@ def embed_images(session: Any, images: Sequence[ImageInput], *, normalize: bool 
     `preprocess` (by default the manifest's: resized and centre-cropped to the deploy size;
     Preprocess(resolution=...) for another size the bundle takes); same-size ones share a
     batch."""
-    name = output or embedding_output(session.output_names)
+    name = output or embedding_output(session)
     if name is None or name not in session.output_names:
         raise BundleError(f"{str(session.model_path)!r} has no "
                           f"{'one-vector-per-image output' if name is None else repr(name)} to "

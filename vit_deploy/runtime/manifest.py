@@ -24,6 +24,7 @@ from typing import Any
 from vit_deploy.runtime.config import ViTConfig
 from vit_deploy.runtime.contract import (BUNDLE_FORMAT, BUNDLE_FORMAT_VERSION, MANIFEST_NAME,
                                          WEIGHTS_FILE, WEIGHTS_ROLE, model_role)
+from vit_deploy.runtime.purpose import Purpose, parse_purpose
 from vit_deploy.runtime.recipe import Int8Recipe
 from vit_deploy.runtime.errors import require_arg
 from vit_deploy.runtime.files import sha256_file, write_bytes_atomic
@@ -60,6 +61,12 @@ class Manifest:
     # a NaFlex bundle's golden outputs (runtime/naflex/references.py)
     naflex_references: NaFlexReferences | None = None
     format_version: int = BUNDLE_FORMAT_VERSION
+    # what the bundle is for (runtime/purpose.py); left out: read from the outputs
+    purpose: Purpose | None = None
+
+    def __post_init__(self) -> None:
+        if self.purpose is None:
+            object.__setattr__(self, "purpose", Purpose.of_outputs(self.io.outputs))
 
     # -- the questions callers ask -----------------------------------------------------
     @property
@@ -191,6 +198,7 @@ class Manifest:
             "preprocess": self.preprocess.to_dict(),
             "io": _plain(dataclasses.asdict(self.io)),
             "labels": list(self.labels) if self.labels is not None else None,
+            "purpose": self.purpose.to_dict() if self.purpose else None,
             "models": dict(self.models),
             "files": {n: dataclasses.asdict(e) for n, e in self.files.items()},
             "export": _plain(self.export),
@@ -276,7 +284,8 @@ class Manifest:
                    references=parse_references(m.get("references"), files, io, config, where),
                    naflex_references=parse_naflex_references(m.get("naflex_references"), files,
                                                              io, where),
-                   format_version=version)
+                   format_version=version,
+                   purpose=parse_purpose(m.get("purpose"), io.outputs, where))
 
     # -- files -------------------------------------------------------------------------
     def verify_files(self, root: str | Path) -> None:

@@ -18,7 +18,7 @@ from vit_deploy.runtime.config import ViTConfig
 from vit_deploy.runtime.contract import FEATURES_NAME, LOGITS_NAME, PATCH_TOKENS_NAME
 from vit_deploy.runtime.buckets import BucketRunner, resolve_target
 from vit_deploy.runtime.cpu import VNNI_CPU, int8_warning, meets
-from vit_deploy.runtime.embedding import embed_images, not_a_classifier
+from vit_deploy.runtime.embedding import embed_images, not_a_classifier, purpose_of
 from vit_deploy.runtime.manifest import Manifest, load_manifest
 from vit_deploy.runtime.manifest_parts import BundleError
 from vit_deploy.runtime.model_scan import inspect_model, int8_weights_need
@@ -237,10 +237,10 @@ class ViTSession:
 
     def classify(self, batch: np.ndarray, top_k: int) -> list[list[Classified]]:
         """Normalised (B, C, H, W) -> the top-k classes of each image, best first."""
-        if (backbone := not_a_classifier(self.model_path, self.output_names)) is not None:
+        if (backbone := not_a_classifier(self)) is not None:
             raise backbone
         outs = self.run_all(batch)
-        name = LOGITS_NAME if LOGITS_NAME in outs else self.output_names[0]
+        name = purpose_of(self).classifier or self.output_names[0]
         logits = require_finite(outs[name], name)
         if logits.ndim != 2:
             raise BundleError(f"{str(self.model_path)!r}: output {name!r} has shape "

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from vit_deploy.runtime.embedding import embedding_output, normalised
+from vit_deploy.runtime.embedding import normalised, purpose_of
 from vit_deploy.runtime.preprocess import group_by_shape
 from vit_deploy.runtime.session import InputError
 from vit_deploy.serve.errors import Failure, busy, describe
@@ -238,14 +238,15 @@ class Batcher:
 
     def _embed(self, batch: np.ndarray, n: int) -> list[Any]:
         """n result dicts {"embedding": unit-length vector, ...}, or n times one Failure."""
-        name = embedding_output(self.session.output_names)
+        purpose = purpose_of(self.session)
+        name = purpose.embedding
         try:
             vectors = self._run_all(batch)[name]
             if len(vectors) != n or not np.isfinite(vectors).all():
                 return [Failure(500, f"the model gave {len(vectors)} non-finite or missing "
                                      f"embeddings for {n} images: not sent as data")] * n
             return [{"embedding": v.tolist(), "dim": int(v.shape[0]), "output": name,
-                     "normalized": True, "similarity": "cosine", "batch_size": n,
+                     "normalized": True, "similarity": purpose.similarity, "batch_size": n,
                      "provider": self.session.providers[0]} for v in normalised(vectors)]
         except Exception as e:  # as in _classify: only this group hears of it
             log.error("embedding failed for a batch of %d: %s", n, describe(e))

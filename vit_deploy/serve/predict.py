@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
-from vit_deploy.runtime.embedding import embedding_output, not_a_classifier
+from vit_deploy.runtime.embedding import not_a_classifier, purpose_of
 from vit_deploy.serve.answer import answer
 from vit_deploy.serve.errors import Failure
 from vit_deploy.serve.limits import BodyClaim, read_image
@@ -25,8 +25,7 @@ router = APIRouter()
 @router.post("/predict")
 async def predict(request: Request, batcher: BatcherDep, budget: BudgetDep,
                   limits: LimitsDep, session: SessionDep):
-    backbone = not_a_classifier(getattr(session, "model_path", "the model"),
-                                session.output_names)
+    backbone = not_a_classifier(session)
 
     async def submit(claim: BodyClaim) -> asyncio.Future:
         if backbone is not None:  # a softmax over embedding dimensions is no answer
@@ -45,7 +44,8 @@ async def embed(request: Request, batcher: BatcherDep, budget: BudgetDep,
                 limits: LimitsDep, session: SessionDep):
     """One image (raw bytes or multipart) -> its embedding: the bundle's embedding output
     (`pooled`), unit length, with its dimension and similarity (cosine)."""
-    name = embedding_output(session.output_names)
+    purpose = purpose_of(session)
+    name = purpose.embedding
 
     async def submit(claim: BodyClaim) -> asyncio.Future:
         if name is None:

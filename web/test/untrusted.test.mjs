@@ -250,3 +250,40 @@ test('Preprocess and classify() overrides are held to the same bounds', async ()
   }
   await vit.release();
 });
+
+// As tests/runtime/test_embedding.py::test_a_lying_purpose_is_one_line_error, on the fixture
+// classifier (outputs logits and, where exported so, pooled)
+test('the manifest\'s purpose is read, and a lying one is refused naming the field', async () => {
+  const valid = manifestOf(SOURCE);
+  const read = readManifest(valid).purpose;
+  assert.equal(read.classifier, 'logits');
+  assert.ok(['classifier', 'classifier+embedding'].includes(read.kind), read.kind);
+  const old = structuredClone(valid);
+  delete old.purpose; // a bundle written before the field: read from the outputs
+  assert.deepEqual(readManifest(old).purpose, read);
+  for (const [purpose, field] of [
+    [[1, 2], 'purpose\\. must be an object'], [{ classifier: 'scores' }, 'purpose\\.classifier'],
+    [{ classifier: ['logits'] }, 'purpose\\.classifier'], [{ embedding: 'pooled' }, 'purpose\\.embedding must'],
+    [{ embedding: { output: 'logits' } }, null], [{ embedding: { output: { a: 1 } } }, 'purpose\\.embedding\\.output'],
+    [{ embedding: { output: 'logits', dim: 1e9 } }, 'purpose\\.embedding\\.dim'],
+    [{ embedding: { output: 'logits', normalised: 'yes' } }, 'purpose\\.embedding\\.normalised'],
+    [{ embedding: { output: 'logits', similarity: ['cosine'] } }, 'purpose\\.embedding\\.similarity'],
+  ]) {
+    const m = structuredClone(valid);
+    m.purpose = purpose;
+    if (field === null) { // logits is (batch, classes): a vector per image, accepted
+      assert.equal(readManifest(m).purpose.embedding, 'logits');
+      continue;
+    }
+    assert.throws(() => readManifest(m), (e) => e instanceof BundleError && new RegExp(field).test(e.message),
+      JSON.stringify(purpose));
+  }
+  // the purpose decides: a classifier whose manifest says it only embeds is not asked to classify
+  const dir = copy((m) => { m.purpose = { classifier: null, embedding: { output: 'logits', similarity: 'dot' } }; });
+  const vit = await ViT.load(dir, { threads: 1 });
+  await assert.rejects(vit.classify(IMAGE), /a backbone without a classifier; use embed\(\)/);
+  const e = await vit.embed(IMAGE);
+  assert.equal(e.output, 'logits');
+  assert.equal(e.similarity, 'dot');
+  await vit.release();
+});

@@ -160,9 +160,24 @@ export interface Manifest {
   /** precision -> the CPUs its int8 file is exact on; null when not int8. */
   int8Cpu: Record<string, Int8Cpu | null>;
   labels: string[] | null;
+  /** What the bundle is for: it classifies, embeds, or both (manifest `purpose`). */
+  purpose: Purpose;
   preprocess: PreprocessFields;
   /** The golden references; null in bundles exported without them. */
   references: References | null;
+}
+/** What a bundle is for, as Python's runtime/purpose.py (absent in old manifests: from the outputs). */
+export interface Purpose {
+  kind: 'classifier' | 'embedding' | 'classifier+embedding' | 'features';
+  /** The output that classifies; null: the bundle does not. */
+  classifier: string | null;
+  /** The output that embeds an image; null: none does. */
+  embedding: string | null;
+  /** The embedding's width where the graph fixes it. */
+  dim: number | null;
+  /** The output is unit length as it comes out (ours are not: embed() scales them). */
+  normalised: boolean;
+  similarity: 'cosine' | 'dot';
 }
 /** A manifest.json (parsed JSON) checked as Python's runtime/manifest.py; BundleError if not. */
 export declare function readManifest(json: unknown, where?: string): Manifest;
@@ -389,7 +404,7 @@ export interface Embedding {
   dim: number;
   output: string;
   normalized: boolean;
-  similarity: 'cosine';
+  similarity: 'cosine' | 'dot';
   inputSize: [number, number];
   ms: { prepare: number; run: number };
   provider: Provider;

@@ -1,10 +1,9 @@
 // Images in, vectors out: one image's embedding, as Python's ViTSession.embed
 // (vit_deploy/runtime/embedding.py): the bundle's one-vector-per-image output, unit length.
 import { BundleError, show } from './common.mjs';
+import { purposeOfOutputs } from './purpose.mjs';
 import { requireFinite } from './results.mjs';
 
-// The outputs that are one vector per image, best first (Python's EMBEDDING_OUTPUTS)
-export const EMBEDDING_OUTPUTS = ['pooled', 'class_token'];
 
 /**
  * vit.embed(image, { normalize = true, output, ...preprocessing overrides }) ->
@@ -12,7 +11,8 @@ export const EMBEDDING_OUTPUTS = ['pooled', 'class_token'];
  *   ms: { prepare, run }, provider }. Prepared as classify() prepares (the manifest's rule).
  */
 export async function embedImage(vit, image, { normalize = true, output = null, ...overrides } = {}) {
-  const name = output ?? EMBEDDING_OUTPUTS.find((n) => vit.outputNames.includes(n));
+  const purpose = vit.manifest?.purpose ?? purposeOfOutputs(vit.outputNames.map((n) => ({ name: n })));
+  const name = output ?? purpose.embedding;
   if (!name || !vit.outputNames.includes(name)) {
     throw new BundleError(`${vit.url} has no ${name ? show(name) : 'one-vector-per-image output'} ` +
       `to embed with (outputs: ${show(vit.outputNames)}); export with --outputs pooled`);
@@ -33,6 +33,6 @@ export async function embedImage(vit, image, { normalize = true, output = null, 
     const norm = Math.max(Math.sqrt(sum), 1e-12);
     for (let i = 0; i < vector.length; i++) vector[i] /= norm;
   }
-  return { data: vector, dim: vector.length, output: name, normalized: normalize, similarity: 'cosine',
+  return { data: vector, dim: vector.length, output: name, normalized: normalize, similarity: purpose.similarity,
     inputSize: [dims[2], dims[3]], ms: { prepare: t1 - t0, run: t2 - t1 }, provider: vit.info.provider };
 }

@@ -8,6 +8,7 @@ import {
   X86_INT8_EXACT,
 } from './common.mjs';
 import { GENERATOR } from './check.mjs';
+import { readPurpose } from './purpose.mjs';
 
 const REFERENCES_ROLE = 'references'; // the role of references.bin under files
 
@@ -135,6 +136,7 @@ export function readManifest(m, where = 'manifest') {
     dynamic: io.dynamic !== false,
     input: io.inputs[0].name,
     outputs: io.outputs.map((o) => o.name),
+    purpose: readPurpose(m.purpose, io.outputs, where),
     models: { ...models },
     int8Cpu: Object.fromEntries(Object.keys(models).map((p) => [p, int8Cpu(m, p)])),
     labels: m.labels ?? null,

@@ -256,7 +256,8 @@ export class ViT {
   async classify(image, { topK: k = 5, ...overrides } = {}) {
     checkTopK(k);
     this.#live();
-    if (!this.outputNames.includes(LOGITS)) {
+    const classifier = this.manifest.purpose?.classifier ?? null;
+    if (!classifier || !this.outputNames.includes(classifier)) {
       throw new BundleError(`${this.url} has no ${show(LOGITS)} output to classify with (outputs: ` +
         `${show(this.outputNames)}): a backbone without a classifier; use embed() for its vectors, ` +
         'features() or runAll()');
@@ -267,7 +268,7 @@ export class ViT {
     const pre = Object.keys(overrides).length ? Preprocess.fromManifest(this.manifest, overrides) : this.preprocess;
     const { data, dims } = await this.#input(decoded, pre);
     const t2 = performance.now();
-    const logits = requireFinite((await this.runAll(data, dims, [LOGITS]))[LOGITS].data, LOGITS);
+    const logits = requireFinite((await this.runAll(data, dims, [classifier]))[classifier].data, classifier);
     const t3 = performance.now();
     if (this.labels && logits.length !== this.labels.length) {
       throw new BundleError(labelsMismatch(this.labels.length, logits.length, LOGITS, this.url));
