@@ -37,7 +37,8 @@ class BundleSummary:
             + (f"; preprocessing NaFlex: each image at its own aspect ratio, at most "
                f"{m.preprocess.max_num_patches} patches" if m.naflex else
                f"; preprocessing {m.preprocess.resize} to "
-               f"{format_resolution(m.deploy_resolution)}")]
+               f"{format_resolution(m.deploy_resolution)}"),
+            _purpose_line(m)]
         table = Table("file", "role", "size", "nodes", "sha256")
         for name, entry in m.files.items():
             precision = entry.role.removeprefix("model:")
@@ -67,6 +68,18 @@ class BundleSummary:
                             else ""))
             lines += mobile_lines(t.record.get("mobile_check"))
         return Group(*lines)
+
+
+def _purpose_line(m: Manifest) -> str:
+    p = m.purpose
+    said = {"classifier": f"classifies ({p.classifier}"
+                          + (f", {len(m.labels)} labels)" if m.labels else ", no labels)"),
+            "embedding": f"embeds ({p.embedding}"
+                         + (f", {p.dim} wide" if p.dim else "")
+                         + f", {p.similarity}" + (", unit length" if p.normalised else "") + ")"}
+    parts = [said[k] for k in ("classifier", "embedding") if getattr(p, k)]
+    return "purpose: " + (" and ".join(parts) if parts else "features only (no classifier, "
+                                                           "no one-vector-per-image output)")
 
 
 def mobile_lines(check: Any) -> list[str]:
