@@ -18,7 +18,7 @@ import click
 
 # Each is the module vit_deploy/cli/<name>.py, whose command object has the same name.
 COMMANDS = ("bench", "check", "embed", "export", "info", "predict", "providers", "quantize",
-            "serve", "sweep", "target", "triton", "web")
+            "search", "serve", "sweep", "target", "triton", "web")
 
 
 class Main(click.Group):
