@@ -29,12 +29,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from web_node import CHROMIUM, chromium_node as _chromium_node, chromium_pages as _chromium_pages
 from web_node import node as _node
 
 ROOT = Path(__file__).resolve().parents[2]
 WEB = ROOT / "web"
 IMAGES = ROOT / "tests" / "data" / "web"
-CHROMIUM = "/usr/bin/chromium"
 LABELS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 # Preprocessing cases the JavaScript must reproduce: the manifest's rule with overrides.
 PRE_CASES = [
@@ -675,24 +675,6 @@ def _start_cli_server(args: list[str]) -> tuple[subprocess.Popen, str]:
             return proc, m.group(1)
     proc.kill()
     raise AssertionError(f"vit-deploy web --serve printed no URL: {proc.stderr.read()[-2000:]}")
-
-
-def _chromium_node() -> str:
-    """Node, after making sure Debian's Chromium is there for testing/chromium.mjs."""
-    node = _node()
-    if not Path(CHROMIUM).is_file():
-        pytest.fail(f"{CHROMIUM} is missing: the browser test needs Debian's chromium package "
-                    f"(make setup installs it where apt-get is usable)")
-    return node
-
-
-def _chromium_pages(node: str, job: dict, tmp_path: Path, *, timeout: float) -> list[dict]:
-    """testing/chromium.mjs on `job` (written to tmp_path/job.json): the pages it reports."""
-    (tmp_path / "job.json").write_text(json.dumps(job))
-    r = subprocess.run([node, "testing/chromium.mjs", str(tmp_path / "job.json")], cwd=WEB,
-                       capture_output=True, text=True, timeout=timeout, check=False)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return json.loads(r.stdout)["pages"]
 
 
 def test_site_in_headless_chromium(fixtures, tmp_path):

@@ -4,15 +4,18 @@
 //   node testing/chromium.mjs JOB.json
 //
 // JOB: { chromium, gpu?, images: { name: base64 bytes }, pages: [{ url, precision, threads?,
-//        backend?, pixels?: preprocessing overrides, check?: true }],
+//        backend?, pixels?: preprocessing overrides, check?: true,
+//        search?: [image paths], screenshot?: path }],
 //        screenshot?: { url, image, path } }
 // Out: { pages: [{ info, results: { name: { top, logits, pixels? } },
-//        check?: { report, offered } }] }
+//        check?: { report, offered }, search?: { result, cards, npy (base64) } }] }
 //
 // gpu: launch with a WebGPU adapter (SwiftShader, software Vulkan; a page on localhost is a
 // secure context, which WebGPU needs); without it Chromium runs with --disable-gpu and offers
 // no adapter. check: the page's "check and measure" (?check=1): its report and the backends
-// it found.
+// it found. search: a backbone's photo-search page given those files at once: what it
+// computed (window.searchResult), the neighbours each card shows, its .npy download; and a
+// screenshot of it.
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -64,6 +67,23 @@ try {
         download: document.getElementById('check-json').download }));
       if (check.state !== 'true') throw new Error(`${spec.url}: the check failed: ${check.status}`);
       out.pages.push({ info: await page.evaluate(() => window.vit.info), check });
+      await page.close();
+      continue;
+    }
+    if (spec.search) {
+      await page.setInputFiles('#file', spec.search);
+      await page.waitForFunction((n) => document.body.dataset.embedded === String(n), spec.search.length,
+        { timeout: CHECK_MS });
+      const search = await page.evaluate(async () => {
+        const npy = new Uint8Array(await (await fetch(document.getElementById('search-npy').href)).arrayBuffer());
+        return { result: window.searchResult, status: document.getElementById('search-status').textContent,
+          title: document.getElementById('title').textContent, npy: btoa(String.fromCharCode(...npy)),
+          cards: [...document.querySelectorAll('#photos .card')].map((c) => ({
+            name: c.querySelector('.name').textContent,
+            neighbours: [...c.querySelectorAll('li')].map((li) => li.textContent) })) };
+      });
+      if (spec.screenshot) await page.screenshot({ path: spec.screenshot, fullPage: true });
+      out.pages.push({ info: await page.evaluate(() => window.vit.info), search });
       await page.close();
       continue;
     }

@@ -179,6 +179,14 @@ export interface Purpose {
   normalised: boolean;
   similarity: 'cosine' | 'dot';
 }
+/** Purpose.of_outputs: what outputs so named and shaped are for. */
+export declare function purposeOfOutputs(outputs: { name: string; shape?: (number | string)[] }[]): Purpose;
+/** The manifest's `purpose` checked against its outputs (absent: from the outputs); BundleError if it lies. */
+export declare function readPurpose(value: unknown, outputs: { name: string; shape?: (number | string)[] }[], where: string): Purpose;
+/** Each row's k nearest other rows by dot product (cosine for unit rows), nearest first. */
+export declare function nearestNeighbours(rows: ArrayLike<number>[], k: number): { index: number; similarity: number }[][];
+/** Rows of one width as a NumPy .npy file (little-endian float32). */
+export declare function npyBytes(rows: ArrayLike<number>[]): Uint8Array;
 /** A manifest.json (parsed JSON) checked as Python's runtime/manifest.py; BundleError if not. */
 export declare function readManifest(json: unknown, where?: string): Manifest;
 /** Throws an Error unless mean, std (and scale) are usable normalisation values. */

@@ -7,7 +7,9 @@ export {
   MIN_SCALE, MIN_STD, OutputError, PATCH_TOKENS, RESIZE_RULES, WEB_RECORD, X86_INT8_EXACT,
 } from './common.mjs';
 export { exifOrientation, orient } from './decode.mjs';
+export { nearestNeighbours, npyBytes } from './embedding.mjs';
 export { checkNormalization, exactInt8, int8Cpu, int8Recipe, readManifest } from './manifest.mjs';
+export { purposeOfOutputs, readPurpose } from './purpose.mjs';
 export { Preprocess, pyRound, toRGB } from './preprocess.mjs';
 export { resize } from './resample.mjs';
 export { requireFinite, softmax, topK } from './results.mjs';
