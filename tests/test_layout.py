@@ -216,6 +216,7 @@ LAYERS: dict[str, set[str]] = {
     "ray": KIT | {"triton", "serve"},
 }
 TOOL_ARROWS = {("bench", "reports"), ("bench", "precisions"), ("check", "reports"),
+               ("check", "precisions"),  # the neighbour agreement (precisions/agreement.py)
                ("targets", "precisions"),
                ("targets", "info"), ("sweep", "precisions")}
 

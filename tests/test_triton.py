@@ -49,6 +49,10 @@ def test_triton_repository_parses_with_tritons_protobuf(tiny_bundle, tmp_path):
     assert accel.name == "tensorrt" and accel.parameters["precision_mode"] == "FP16"
     assert (repo / "vit" / "1" / "model.onnx").read_bytes() == (result.path / "model.onnx").read_bytes()
     assert config.parameters["vit_deploy_precision"].string_value == "fp32"
+    purpose = load_manifest(result.path).purpose  # what the bundle is for, for a client
+    assert config.parameters["vit_deploy_purpose"].string_value == purpose.kind
+    assert config.parameters["vit_deploy_classifier"].string_value == "logits"
+    assert ("vit_deploy_embedding" in config.parameters) == (purpose.embedding is not None)
 
 
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])

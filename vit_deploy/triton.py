@@ -177,6 +177,14 @@ def triton_config(manifest: Manifest, *, name: str, precision: str, max_batch: i
                   "} }"]
     lines.append(f'parameters {{ key: "vit_deploy_precision" value: '
                  f'{{ string_value: {pbtxt_string(precision)} }} }}')
+    purpose = manifest.purpose  # what a client asks for: the embedding output, its similarity
+    for key, value in (("vit_deploy_purpose", purpose.kind),
+                       ("vit_deploy_classifier", purpose.classifier),
+                       ("vit_deploy_embedding", purpose.embedding),
+                       ("vit_deploy_similarity", purpose.similarity if purpose.embedding else None)):
+        if value is not None:
+            lines.append(f'parameters {{ key: "{key}" value: '
+                         f'{{ string_value: {pbtxt_string(value)} }} }}')
     return "\n".join(lines) + "\n"
 
 

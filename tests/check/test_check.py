@@ -77,3 +77,34 @@ def test_bucket_graphs_are_checked_against_pytorch_at_their_own_size(quantised_b
     assert sorted(buckets) == [("cpu (bucket cpu)", p, (16, 24), b)
                                for p in ("fp32", "int8") for b in (1, 3)]
     assert report.engines and not report.unavailable
+
+
+def test_an_embedding_bundle_reports_the_neighbours_each_precision_keeps(tmp_path, make_tiny):
+    """check on a backbone: how many of each of the 50 judging photographs' 5 nearest
+    neighbours fp16 keeps against fp32 on the CPU (all, or nearly: fp16 rounds little), and a
+    session whose vectors are noise keeps few (the measure can fail)."""
+    import numpy as np
+
+    from vit_deploy.check.retrieval import RetrievalJudge
+    from vit_deploy.precisions.add import add_precisions
+    from vit_deploy.runtime.manifest import load_manifest
+
+    out = tmp_path / "backbone"
+    export_bundle(make_tiny(), out, options=ExportOptions(
+        resolution=(32, 32), outputs=("pooled", "patch_tokens"), simplify=False))
+    add_precisions(out, ["fp16"])
+    r = CliRunner().invoke(main, ["check", str(out), "--reference", "bundle", "--json",
+                                  str(tmp_path / "check.json")])
+    assert r.exit_code == 0, r.output
+    assert "neighbours kept (pooled: each of 50 photographs' 5 nearest" in r.output, r.output
+    (found,) = json.loads((tmp_path / "check.json").read_text())["retrieval"]  # fp32 on the CPU is the reference itself
+    assert (found["provider"], found["precision"], found["output"]) == ("cpu", "fp16", "pooled")
+    assert found["photographs"] == 50 and found["k"] == 5 and found["mean"] >= 0.9, found
+    assert found["worst_image"].startswith("eval-")
+
+    class Noise:  # a session whose embedding is unrelated to the image
+        def run_all(self, x):
+            return {"pooled": np.random.default_rng(len(x)).normal(size=(len(x), 48))}
+
+    noise = RetrievalJudge(out, load_manifest(out)).judge("cpu", "int8", Noise())
+    assert noise.mean < 0.5, noise

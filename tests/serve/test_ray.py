@@ -204,6 +204,12 @@ def test_two_replicas_on_two_nodes_answer_as_the_runtime(cluster, url, runtime):
     assert [t["index"] for t in r.json()["top"]] == [c.index for c in top]
     np.testing.assert_allclose([t["probability"] for t in r.json()["top"]],
                                [c.probability for c in top], rtol=0, atol=EXACT)
+    r = httpx.post(f"{url}/embed", content=path.read_bytes(),  # vectors, as plain `serve`
+                   headers={"content-type": "image/png"}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["output"] == FEATURES_NAME and r.json()["similarity"] == "cosine"
+    np.testing.assert_allclose(r.json()["embedding"], runtime.embed(path)[0], rtol=0,
+                               atol=1e-6)
     r = httpx.post(f"{url}/predict", content=b"not an image",
                    headers={"content-type": "image/png"}, timeout=30)
     assert r.status_code == 400 and set(r.json()) == {"error"}

@@ -21,7 +21,9 @@ from vit_deploy.outputs import OutputSelection
 from vit_deploy.parity import Forward, ParityReport, batch_independence, compare, determinism, sample_inputs
 from vit_deploy.progress import Progress, silent
 from vit_deploy.runtime.manifest import Manifest, dumps_strict, load_manifest
+from vit_deploy.check.retrieval import Retrieval, RetrievalJudge
 from vit_deploy.check.sessions import sessions
+from vit_deploy.precisions.agreement import NEIGHBOURS
 from vit_deploy.runtime.session import ViTSession
 from vit_deploy.runtime.sizes import format_resolution, guard_memory
 
@@ -35,6 +37,7 @@ class CheckOptions:
     require: bool = False  # an unavailable provider is a failure
     targets: bool = True  # also every edge target's bucket graphs, each at its own size
     reference: str = "auto"  # auto | pytorch | bundle (see the module doc)
+    retrieval: bool = True  # an embedding bundle: the neighbours each precision keeps
 
 
 REFERENCES = ("auto", "pytorch", "bundle")
@@ -49,6 +52,7 @@ class CheckReport:
     require: bool = False
     reference: str = PYTORCH_REFERENCE
     engines: list[str] = field(default_factory=list)  # what ran: 'onnxruntime 1.31.1', ...
+    retrieval: list[Retrieval] = field(default_factory=list)  # check/retrieval.py
 
     def __bool__(self) -> bool:
         """Passed: every case and check held, at least one case was compared (a check that
@@ -69,7 +73,7 @@ class CheckReport:
                            reference=self.reference, passed=bool(self)),
                 **self.parity.to_dict(), "passed": bool(self), "latency": [],
                 "unavailable": self.unavailable, "require": self.require,
-                "engines": self.engines}
+                "engines": self.engines, "retrieval": [r.to_dict() for r in self.retrieval]}
 
     def to_json(self) -> str:
         return dumps_strict(self.to_dict())
@@ -80,6 +84,11 @@ class CheckReport:
         lines: list[Any] = [f"{self.bundle} vs {self.reference}"
                             + (f" (ran on {', '.join(self.engines)})" if self.engines else ""),
                             self.parity]
+        if self.retrieval:
+            r = self.retrieval[0]
+            lines.append(f"neighbours kept ({r.output}: each of {r.photographs} photographs' "
+                         f"{NEIGHBOURS} nearest, vs fp32 on cpu; not part of the verdict):")
+            lines += [f"  {r}" for r in self.retrieval]
         for provider, why in self.unavailable.items():
             lines.append(f"{provider}: not available here"
                          f"{' (required)' if self.require else ''}: {why}")
@@ -117,6 +126,7 @@ class CheckReport:
                          f"{' (required: FAIL)' if self.require else ''}: {why}")
         if self.nothing_compared:
             lines.append(f"\n- {self.nothing_compared}")
+        lines += [f"\n- neighbours kept: {r}" for r in self.retrieval]
         return "\n".join(lines) + "\n"
 
 
@@ -151,11 +161,13 @@ def run_check(bundle: str | Path, options: CheckOptions = CheckOptions(),
     progress(f"running PyTorch on {len(inputs)} cases")
     refs = [reference(x) for x in inputs]
     report = CheckReport(str(bundle), ParityReport(), require=options.require)
+    judge = _judge(bundle, manifest, options)
     for ran, precision, session in sessions(bundle, options, precisions, report, progress):
         report.parity.cases += compare(
             session.run_all, refs, inputs, precision=precision, provider=ran,
             progress=progress, fallback_nodes=len(session.cpu_fallback_nodes()))
         _invariants(session, ran, precision, resolutions[0], C, report, progress)
+        _retrieval(judge, ran, precision, session, report, progress)
     if options.targets:
         _check_buckets(bundle, manifest, options, precisions, reference, report, progress)
     return report
@@ -197,6 +209,20 @@ def _invariants(session: ViTSession, ran: str, precision: str, hw: tuple[int, in
                                             channels=channels))
 
 
+def _judge(bundle: Path, manifest: Manifest, options: CheckOptions) -> RetrievalJudge | None:
+    return (RetrievalJudge(bundle, manifest)
+            if options.retrieval and RetrievalJudge.applies(manifest) else None)
+
+
+def _retrieval(judge: RetrievalJudge | None, ran: str, precision: str, session: ViTSession,
+               report: CheckReport, progress: Progress) -> None:
+    if judge is None or (ran, precision) == ("cpu", "fp32"):  # fp32 on the CPU: the reference
+        return
+    progress(f"{ran}:{precision}: the nearest neighbours of {len(judge.photos)} photographs")
+    if (found := judge.judge(ran, precision, session)) is not None:
+        report.retrieval.append(found)
+
+
 def _check_golden(bundle: Path, manifest: Manifest, options: CheckOptions,
                   precisions: tuple[str, ...], progress: Progress) -> CheckReport:
     """Every provider × precision × stored case against the bundle's golden outputs (a
@@ -228,12 +254,14 @@ def _check_golden(bundle: Path, manifest: Manifest, options: CheckOptions,
                          reference=golden_reference_text(manifest))
     own = [(c, x, outs) for c, x, outs in stored if c.target is None]
     C = manifest.config.in_chans
+    judge = _judge(bundle, manifest, options)
     for ran, precision, session in sessions(bundle, options, precisions, report, progress):
         report.parity.cases += compare(
             session.run_all, [o for _, _, o in own], [x for _, x, _ in own], precision=precision,
             provider=ran, progress=progress, fallback_nodes=len(session.cpu_fallback_nodes()),
             cases=[c.name if c.pixels is not None else "" for c, _, _ in own])
         _invariants(session, ran, precision, manifest.deploy_resolution, C, report, progress)
+        _retrieval(judge, ran, precision, session, report, progress)
     for name, spec in manifest.targets.items() if options.targets else ():
         cases = [(c, x, outs) for c, x, outs in stored if c.target == name]
         target_precisions = tuple(p for p in spec.precisions if p in precisions)
