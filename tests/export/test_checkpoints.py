@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import shutil
 import tempfile
 import warnings
@@ -587,3 +588,20 @@ def test_fuzz_hf_config_field(hf_vit, field, value):
         8, 3, 5)
     expected, _ = load_any(hf_vit)
     _assert_consistent(model, expected.state_dict())
+
+
+@pytest.mark.parametrize("kind", ["fifo", "broken link", "folder", "device link"])
+def test_a_preprocessor_config_that_is_not_a_file_is_refused_not_ignored(tmp_path, hf_vit,
+                                                                         kind):
+    """Ignored, it exported ImageNet's preprocessing in place of the checkpoint's, exit 0
+    (issue: a half-downloaded hub cache leaves a broken link). Now one line naming the file,
+    exit 2, nothing written."""
+    folder = _hf_copy(hf_vit, tmp_path / "vit")
+    pre = folder / "preprocessor_config.json"
+    {"fifo": lambda: os.mkfifo(pre), "broken link": lambda: pre.symlink_to(tmp_path / "gone"),
+     "folder": lambda: pre.mkdir(), "device link": lambda: pre.symlink_to("/dev/zero")}[kind]()
+    out = tmp_path / "bundle"
+    r = CliRunner().invoke(main, ["export", "--checkpoint", str(folder), "--out", str(out)])
+    assert r.exit_code == 2, r.output
+    assert "preprocessor_config.json" in r.output and "expected a regular file" in r.output
+    assert "Traceback" not in r.output and not out.exists()

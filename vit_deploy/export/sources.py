@@ -23,6 +23,7 @@ from typing import Any
 
 from vit_deploy.data import IMAGENET_CLASSES, imagenet_labels
 from vit_deploy.export.checkpoints import CheckpointError, _read_json
+from vit_deploy.export.checkpoints.files import optional_file
 from vit_deploy.export.checkpoints.defaults import (INT_SIZE_IS_SHORTEST_EDGE, processor_class,
                                                   processor_with_defaults)
 from vit_deploy.runtime.config import check_normalization
@@ -151,11 +152,12 @@ def _read_metadata(path: Path, source: str) -> dict[str, Any]:
         pre = path / "preprocessor_config.json"
         labels = hf_labels(config, path / "config.json")
         preprocess = hf_preprocess(_read_json(pre), pre, config.get("model_type")) \
-            if pre.is_file() else None
+            if optional_file(pre, "the checkpoint's preprocessing") else None
         return {"preprocess": preprocess,
                 "labels": labels, "labels_from": f"{path / 'config.json'} (id2label)"}
     beside = path.parent / "config.json"
-    if path.is_file() and source in ("auto", "timm") and beside.is_file():
+    if path.is_file() and source in ("auto", "timm") and optional_file(
+            beside, "the config beside the checkpoint"):
         config = _read_json(beside)
         if isinstance(config.get("pretrained_cfg"), dict):  # timm's config.json
             return {"preprocess": timm_preprocess(config["pretrained_cfg"], beside),

@@ -45,6 +45,18 @@ def require_file(path: str | Path, what: str) -> None:
         raise CheckpointError(f"{what} {str(path)!r} is {why}; expected a regular file")
 
 
+def optional_file(path: str | Path, what: str) -> bool:
+    """Whether a file a checkpoint may have (preprocessor_config.json, a timm config.json
+    beside the weights) is there to read: False when nothing is at `path`; CheckpointError
+    naming it when something is but cannot be read as one (a FIFO, a folder, a device, a
+    broken link such as a half-downloaded hub cache leaves): never silently ignored, which
+    would export other preprocessing than the checkpoint's."""
+    if not os.path.lexists(path):
+        return False
+    require_file(path, what)
+    return True
+
+
 def read_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """(tensors, metadata) from .safetensors, or .pth/.pt/.bin loaded with weights_only=True.
 

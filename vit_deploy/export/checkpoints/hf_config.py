@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from vit_deploy.export.checkpoints.errors import CheckpointError
-from vit_deploy.export.checkpoints.files import _read_json, not_a_file, read_state_dict
+from vit_deploy.export.checkpoints.files import _read_json, not_a_file, optional_file, read_state_dict
 from vit_deploy.runtime.config import IMAGENET_MEAN, IMAGENET_STD, check_normalization
 
 _MISSING = object()
@@ -82,7 +82,7 @@ def _is_int(v: Any) -> bool:
 def _hf_normalisation(directory: Path, channels: int = 3, default: tuple = (
         IMAGENET_MEAN, IMAGENET_STD)) -> tuple[tuple[float, ...], tuple[float, ...]]:
     pre = directory / "preprocessor_config.json"
-    if pre.is_file():
+    if optional_file(pre, "the checkpoint's preprocessing"):
         data = _read_json(pre)
         if "image_mean" in data and "image_std" in data:
             values = []
