@@ -197,3 +197,46 @@ def test_crop_pct_round_trips_and_is_omitted_when_unset(valid):
     m = Manifest.from_dict(d)
     assert (m.preprocess.crop_pct, m.preprocess.resize) == (0.875, "squash")
     assert m.to_dict()["preprocess"]["crop_pct"] == 0.875
+
+
+def _leaves(value, path=()):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _leaves(v, (*path, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _leaves(v, (*path, i))
+    yield path
+
+
+def test_a_list_or_object_in_place_of_any_name_is_a_bundle_error_not_a_type_error(valid):
+    """`"contexts": {"73": [1, 2]}` or `"file": ["x"]` in a target graph gave `TypeError:
+    unhashable type` (a traceback in info, check, predict). Every leaf of the targets, the
+    references and the purpose, set to a list, an object or a string: loads or BundleError."""
+    from vit_deploy.runtime.contract import TARGETS
+
+    m = copy.deepcopy(valid)
+    P = m["io"]["patch_size"]
+    m["targets"] = {TARGETS[0]: {"batch": 1, "policy": "aspect-then-area", "record": {},
+                                 "required_operators": None, "graphs": [
+        {"resolution": [4 * P, 4 * P], "batch": 1, "precision": "fp32", "file": "model.onnx",
+         "ort_file": None, "contexts": {"73": "model.onnx"}}]}}
+    Manifest.from_json(json.dumps(m))  # the valid form loads
+    tried = 0
+    for part in ("targets", "references", "purpose"):
+        for path in _leaves(m.get(part), (part,)):
+            for value in ([1, 2], {"x": [1]}, "x", None):
+                changed = copy.deepcopy(m)
+                at = changed
+                for key in path[:-1]:
+                    at = at[key]
+                if not path[1:]:
+                    changed[part] = value
+                else:
+                    at[path[-1]] = value
+                try:
+                    Manifest.from_json(json.dumps(changed))
+                except BundleError:
+                    pass
+                tried += 1
+    assert tried > 100

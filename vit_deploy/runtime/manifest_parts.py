@@ -189,6 +189,12 @@ def _files(files: dict[str, Any], where: str) -> dict[str, FileEntry]:
     return out
 
 
+def _listed(name: Any, files: Mapping[str, Any]) -> bool:
+    """`name` is a file the manifest lists (a list or object in its place is not: never a
+    TypeError from the lookup)."""
+    return isinstance(name, str) and name in files
+
+
 def _safe_name(name: Any) -> bool:
     if not isinstance(name, str) or not name or "\\" in name or "\0" in name:
         return False
@@ -307,11 +313,11 @@ def _targets(targets: Any, files: Mapping[str, FileEntry], config: ViTConfig,
             _need(isinstance(res, list) and len(res) == 2
                   and all(_is_int(v, P, MAX_SIDE) and v % P == 0 for v in res)
                   and g.get("precision") in PRECISIONS and g.get("batch") == t["batch"]
-                  and g.get("file") in files
-                  and (g.get("ort_file") is None or g.get("ort_file") in files)
+                  and _listed(g.get("file"), files)
+                  and (g.get("ort_file") is None or _listed(g.get("ort_file"), files))
                   and isinstance(g.get("contexts", {}), dict)
-                  and all(isinstance(a, str) and a.isdigit() and len(a) <= 4 and f in files
-                          for a, f in g.get("contexts", {}).items()),
+                  and all(isinstance(a, str) and a.isdigit() and len(a) <= 4
+                          and _listed(f, files) for a, f in g.get("contexts", {}).items()),
                   where, f"{at}.graphs", f"[{{resolution: [H, W] multiples of {P} up to "
                   f"{MAX_SIDE}, batch: {t['batch']}, precision: one of {list(PRECISIONS)}, "
                   f"file and ort_file: files listed under files, contexts: {{htp_arch: a file "
@@ -324,7 +330,7 @@ def _targets(targets: Any, files: Mapping[str, FileEntry], config: ViTConfig,
         _need(len(set(keys)) == len(keys), where, f"{at}.graphs",
               "one graph per precision and resolution", t["graphs"])
         ops = t.get("required_operators")
-        _need(ops is None or ops in files, where, f"{at}.required_operators",
+        _need(ops is None or _listed(ops, files), where, f"{at}.required_operators",
               "null or a file listed under files", ops)
         out[name] = TargetSpec(name=name, batch=t["batch"], policy=t["policy"],
                                graphs=tuple(graphs), required_operators=ops,

@@ -244,7 +244,8 @@ def references_file(data: Any, files: Mapping[str, FileEntry], where: str, at: s
           f"{{file, generator{': ' + named if named else ''}, source, cases: up to "
           f"{MAX_CASES}}}", data)
     file = data["file"]
-    _need(file in files and files[file].role == REFERENCES_ROLE, where, f"{at}.file",
+    _need(isinstance(file, str) and file in files and files[file].role == REFERENCES_ROLE,
+          where, f"{at}.file",
           f"a file listed under files with role {REFERENCES_ROLE!r}", file)
     return file, files[file].size
 

@@ -287,3 +287,23 @@ test('the manifest\'s purpose is read, and a lying one is refused naming the fie
   assert.equal(e.similarity, 'dot');
   await vit.release();
 });
+
+// As tests/runtime/test_manifest.py::test_a_list_or_object_in_place_of_any_name_is_a_bundle_error_not_a_type_error
+test('a list or an object in place of a file name is a BundleError, never a TypeError', () => {
+  const valid = manifestOf(SOURCE);
+  const places = [['models', 'fp32'], ['references', 'file'], ['io', 'inputs', 0, 'name'],
+    ['io', 'outputs', 0, 'name'], ['preprocess', 'resize'], ['preprocess', 'interpolation']];
+  let tried = 0;
+  for (const place of places) {
+    for (const value of [['model.onnx'], { 'model.onnx': 1 }, [1, 2]]) {
+      const m = structuredClone(valid);
+      let at = m;
+      for (const key of place.slice(0, -1)) at = at[key];
+      if (at === undefined || at === null) continue;
+      at[place.at(-1)] = value;
+      assert.throws(() => readManifest(m), (e) => e instanceof BundleError, `${place.join('.')} = ${JSON.stringify(value)}`);
+      tried += 1;
+    }
+  }
+  assert.ok(tried >= 15, `${tried} cases`);
+});
