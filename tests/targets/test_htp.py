@@ -132,20 +132,32 @@ def test_a_runner_past_its_time_is_stopped_and_said_in_one_line(npu_bundle, tmp_
     assert len(said.splitlines()) == 1 and "Traceback" not in said
 
 
-def test_the_checkouts_qnn_python_is_found_from_any_folder(qnn_python, tmp_path, monkeypatch):
-    """.venv-qnn is looked for in the working folder and beside this Python's environment (a
-    checkout's .venv); where neither has it, the error names both places."""
-    monkeypatch.chdir(tmp_path)
+def test_the_checkouts_qnn_python_is_found_from_any_folder_and_never_in_it(qnn_python, tmp_path,
+                                                                          monkeypatch):
+    """.venv-qnn is looked for beside this Python's environment (a checkout's .venv, symlinks
+    resolved), from any folder; never in the working folder: a downloaded folder holding
+    `.venv-qnn/bin/python` had that program run by `check --provider qnn-htp`."""
+    planted = tmp_path / "download" / ".venv-qnn" / "bin" / "python"
+    planted.parent.mkdir(parents=True)
+    planted.write_text("#!/bin/sh\necho ran > planted-ran\n")
+    monkeypatch.chdir(tmp_path / "download")
     assert htp.qnn_python().resolve() == qnn_python.resolve()  # make test runs in ROOT/.venv
-    monkeypatch.setattr(sys, "prefix", str(tmp_path / "env"))
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "download" / "env"))
     monkeypatch.setattr(importlib.util, "find_spec", lambda *a, **k: None)
-    with pytest.raises(ValueError) as e:
+    # the environment beside the planted one: found (that is where make setup puts it) ...
+    assert htp.qnn_python() == planted.resolve()
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "elsewhere" / "env"))
+    with pytest.raises(ValueError) as e:  # ... but from the working folder alone: never
         htp.qnn_python()
     said = str(e.value)
-    assert ".venv-qnn/bin/python" in said and str(tmp_path / ".venv-qnn" / "bin" / "python") in said
-    (tmp_path / ".venv-qnn" / "bin").mkdir(parents=True)
-    (tmp_path / ".venv-qnn" / "bin" / "python").write_text("")
-    assert htp.qnn_python() == Path(".venv-qnn/bin/python")
+    assert str(tmp_path / "elsewhere" / ".venv-qnn" / "bin" / "python") in said
+    assert "download" not in said
+    (tmp_path / "real-env").mkdir()  # a symlinked environment: beside its target
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "env").symlink_to(tmp_path / "real-env")
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "links" / "env"))
+    with pytest.raises(ValueError, match=str(tmp_path / ".venv-qnn" / "bin" / "python")):
+        htp.qnn_python()
 
 
 def test_compiled_contexts_are_written_reloaded_and_hashed_in_the_manifest(npu_bundle, tmp_path,

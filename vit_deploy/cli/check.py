@@ -32,8 +32,8 @@ from vit_deploy.cli.params import InputPath, PrecisionList, providers_list
               help="With --provider qnn-htp: the HTP architectures (of 73, 75, 79).")
 @click.option("--htp-python", type=InputPath("Python"), default=None,
               help="With --provider qnn-htp: a Python with onnxruntime-qnn (default: this "
-                   "one where it imports, else a .venv-qnn in the working folder or beside "
-                   "this Python's environment).")
+                   "one where it imports, else the .venv-qnn beside this Python's "
+                   "environment; never one in the working folder).")
 @json_option("The report")
 @output_file("--markdown", "md_out", help="Write the report as a Markdown table to FILE.")
 @quiet_option("nothing is printed on success; a failure is one line on stderr (exit 1)")

@@ -89,9 +89,10 @@ class HTPGraph:
 
 def qnn_python(given: str | Path | None = None) -> Path:
     """The Python that runs the HTP runner: `given`; else this one where onnxruntime-qnn
-    imports here; else a .venv-qnn (make setup) in the working folder or beside this Python's
-    environment (a checkout's .venv), so the command works from any folder. A clear error
-    where none is."""
+    imports here; else the .venv-qnn (make setup) beside this Python's environment (a
+    checkout's .venv, its symlinks resolved: one place however the command is started), so
+    the command works from any folder. Never one in the working folder: a downloaded folder
+    holding `.venv-qnn/bin/python` would have its program run. A clear error where none is."""
     import importlib.util
 
     if given is not None:
@@ -101,14 +102,12 @@ def qnn_python(given: str | Path | None = None) -> Path:
         return Path(given)
     if importlib.util.find_spec("onnxruntime_qnn") is not None:
         return Path(sys.executable)
-    places = list(dict.fromkeys([Path(".venv-qnn"), Path(sys.prefix).parent / ".venv-qnn"]))
-    for place in places:
-        if (place / "bin" / "python").is_file():
-            return place / "bin" / "python"
-    raise ValueError(f"no Python with {QNN_PACKAGE} found (not this one, and no "
-                     f"{' or '.join(str(p / 'bin' / 'python') for p in places)}): give one "
-                     f"(check's --htp-python), e.g. a venv with pip install {QNN_PACKAGE}, "
-                     f"kept apart from onnxruntime-gpu")
+    beside = Path(sys.prefix).resolve().parent / ".venv-qnn" / "bin" / "python"
+    if beside.is_file():
+        return beside
+    raise ValueError(f"no Python with {QNN_PACKAGE} found (not this one, and no {beside}): "
+                     f"give one (check's --htp-python), e.g. a venv with pip install "
+                     f"{QNN_PACKAGE}, kept apart from onnxruntime-gpu")
 
 
 def parse_archs(text: str) -> dict[str, str]:
@@ -288,8 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("bundle")
     p.add_argument("--python", default=None,
                    help=f"a Python with {QNN_PACKAGE} (default: this one where it imports, "
-                        f"else a .venv-qnn here or beside this Python's environment, which make "
-                        f"setup makes)")
+                        f"else the .venv-qnn beside this Python's environment, which make "
+                        f"setup makes; never one in the working folder)")
     p.add_argument("--arch", default=",".join(HTP_ARCHS),
                    help=f"HTP architectures, of {sorted(HTP_ARCHS)}")
     p.add_argument("--contexts", action="store_true",
