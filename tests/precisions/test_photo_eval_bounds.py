@@ -39,3 +39,31 @@ def test_a_large_photograph_is_reduced_before_its_views(tmp_path):
     assert views[0].size == (5 * VIEW_SIDE // 2, -(-(2 * VIEW_SIDE + 7) // 2))  # reduced by 2
     assert all(min(v.size) < 2 * VIEW_SIDE for v in views[:3])
     assert views[3].size == (640, 480)  # a photograph of ordinary size is left as it is
+
+
+def test_every_unusable_entry_named_like_an_image_is_refused_naming_it(tmp_path):
+    """One policy for a --calib / --eval folder (issue: FIFOs and device links were skipped
+    silently while one empty .jpg failed the whole command): an entry named like an image that
+    is not a regular file is refused, naming it, before anything is opened; entries not named
+    like images are not images and stay out of it."""
+    import os
+
+    import pytest
+
+    from vit_deploy.precisions.photos import image_files
+
+    folder = tmp_path / "cal"
+    folder.mkdir()
+    for i in range(2):
+        Image.new("RGB", (8, 8)).save(folder / f"{i}.png")
+    os.mkfifo(folder / "notes")  # not named like an image: not one
+    assert [p.name for p in image_files(folder, "--calib")] == ["0.png", "1.png"]
+    for name, make in [("pipe.jpg", os.mkfifo),
+                       ("zero.png", lambda p: os.symlink("/dev/zero", p)),
+                       ("gone.webp", lambda p: os.symlink(tmp_path / "nothing", p))]:
+        make(folder / name)
+        with pytest.raises(ValueError) as e:
+            image_files(folder, "--calib")
+        said = str(e.value)
+        assert name in said and "not an image file" in said and "--calib" in said, said
+        os.unlink(folder / name)

@@ -20,6 +20,7 @@ from vit_deploy.precisions.agreement import (CONFIDENCE, expected_worst, neighbo
                                              per_photograph, top_k_agree)
 from vit_deploy.precisions.probe import tensor_probe
 from vit_deploy.runtime.contract import COSINE_MIN, LOGITS_NAME, tolerance_class
+from vit_deploy.runtime.files import not_a_file
 from vit_deploy.runtime.sizes import format_resolution
 
 SHIPPED = "photos"  # the name that selects the shipped photographs
@@ -93,13 +94,25 @@ class EvalImages:
 
 
 def image_files(folder: str | Path, what: str) -> list[Path]:
-    """The images Pillow opens in `folder` (recursively), sorted; refused if none."""
+    """The images Pillow opens in `folder` (recursively; files named with its suffixes),
+    sorted; refused if none, or if one of them is not a regular file."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"{what} must be a folder of images or '{SHIPPED}', got "
                          f"{str(folder)!r}")
     suffixes = image_suffixes()
-    files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in suffixes and p.is_file())
+    named = sorted(p for p in folder.rglob("*") if p.suffix.lower() in suffixes
+                   and not p.is_dir())
+    # one policy for every unusable entry named like an image: refused, naming it (a FIFO
+    # or a link to /dev/zero is never opened; an empty or broken image fails as it is read)
+    bad = [(p, why) for p in named if (why := not_a_file(p))]
+    if bad:
+        p, why = bad[0]
+        raise ValueError(f"{what}: {str(p)!r} is {why}, not an image file"
+                         + (f" (and {len(bad) - 1} more such entries)" if len(bad) > 1 else "")
+                         + f"; a folder of images holds regular image files only: move it out "
+                         f"or point {what} at another folder")
+    files = named
     if not files:
         raise ValueError(f"no images (files Pillow opens: .png, .jpg, .webp, ...) in "
                          f"{str(folder)!r} ({what})")

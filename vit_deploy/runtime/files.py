@@ -36,6 +36,24 @@ def file_kind(mode: int) -> str:
     return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
+def not_a_file(path: str | Path) -> str | None:
+    """Why `path` cannot be read as a checkpoint's file, or None when it can: a regular
+    file once symlinks are resolved. A link to /dev/zero or /dev/urandom would be read
+    until memory runs out, a FIFO blocks the reader forever: both are refused unopened."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return ("a broken link (to a file that does not exist)" if os.path.islink(path)
+                else "missing")
+    except OSError as e:
+        return f"unreadable ({e.strerror or e})"
+    if stat.S_ISREG(mode):
+        return None
+    kind = file_kind(mode)
+    real = os.path.realpath(path)
+    return kind + (f" ({real!r})" if real != os.path.abspath(path) else "")
+
+
 class NotRegularFile(ValueError):
     """`path` is not a regular file of at most `limit` bytes: `kind` says what it is (None for
     a regular file that is too large), `size` its size in bytes where it is a file."""

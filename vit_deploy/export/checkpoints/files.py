@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -14,26 +13,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from vit_deploy.export.checkpoints.describe import _some
-from vit_deploy.runtime.files import file_kind
+from vit_deploy.runtime.files import not_a_file
 from vit_deploy.export.checkpoints.errors import CheckpointError
-
-
-def not_a_file(path: str | Path) -> str | None:
-    """Why `path` cannot be read as a checkpoint's file, or None when it can: a regular
-    file once symlinks are resolved. A link to /dev/zero or /dev/urandom would be read
-    until memory runs out, a FIFO blocks the reader forever: both are refused unopened."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return ("a broken link (to a file that does not exist)" if os.path.islink(path)
-                else "missing")
-    except OSError as e:
-        return f"unreadable ({e.strerror or e})"
-    if stat.S_ISREG(mode):
-        return None
-    kind = file_kind(mode)
-    real = os.path.realpath(path)
-    return kind + (f" ({real!r})" if real != os.path.abspath(path) else "")
 
 
 def require_file(path: str | Path, what: str) -> None:
