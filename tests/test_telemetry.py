@@ -35,7 +35,8 @@ PHOTO = ROOT / "vit_deploy" / "data" / "photos" / "eval-chelsea.jpg"
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory, make_tiny):
     out = tmp_path_factory.mktemp("telemetry") / "b"
-    export_bundle(make_tiny(), out, options=ExportOptions(resolution=(32, 32), simplify=False))
+    export_bundle(make_tiny(), out, options=ExportOptions(  # pooled too: `search` embeds
+        resolution=(32, 32), simplify=False, outputs=("logits", "pooled")))
     return out
 
 
@@ -212,6 +213,10 @@ finally:
 """
 
 
+# `search` after the in-process `embed` that writes its index (both traced)
+SEARCH = "import subprocess; subprocess.run({embed!r}, check=True); subprocess.run({search!r}, check=True)"
+
+
 def _commands(bundle: Path, copy: Path, work: Path) -> dict[str, list[str]]:
     """Every command of the CLI as a user runs it on the tiny bundle (those that add to a
     bundle on `copy`); `embed` starts a Ray cluster: its own test below."""
@@ -228,6 +233,9 @@ def _commands(bundle: Path, copy: Path, work: Path) -> dict[str, list[str]]:
                       "--precision", "fp32", "--rounds", 1, "--runs", 2, "--quiet"),
         "target": _cli("target", copy, "--target", "cpu", "--buckets", 32, "--quiet"),
         "triton": _cli("triton", bundle, "--out", work / "triton", "--quiet"),
+        "search": [sys.executable, "-c", SEARCH.format(embed=_cli(
+            "embed", bundle, PHOTO, "--out", work / "i.parquet", "--quiet"), search=_cli(
+            "search", bundle, work / "i.parquet", PHOTO, "--quiet"))],
         "web": _cli("web", bundle, "--out", work / "site", "--quiet"),
     }
 
