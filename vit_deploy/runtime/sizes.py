@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import re
 from typing import TYPE_CHECKING
 
@@ -84,8 +85,20 @@ def token_bytes(tokens: int, cfg: ViTConfig, *, batch: int = 1, dtype_bytes: int
     return batch * dtype_bytes * (2 * cfg.heads * tokens * tokens + 8 * tokens * cfg.width)
 
 
+CGROUP_ROOT = "/sys/fs/cgroup"  # where cgroup v2 (and v1's memory controller) are mounted
+PROC_CGROUP = "/proc/self/cgroup"
+_NO_LIMIT = 2**60  # v1 writes "no limit" as a number near 2**63
+
+
 def available_memory() -> int | None:
-    """Bytes the OS says are available (Linux MemAvailable), or None where unknown."""
+    """Bytes this process may still take: the OS's available memory (Linux MemAvailable),
+    or less where a memory cgroup (a container's limit, v1 or v2) leaves less; None where
+    neither is known."""
+    have, cgroup = _os_available(), cgroup_free()
+    return cgroup if have is None else have if cgroup is None else min(have, cgroup)
+
+
+def _os_available() -> int | None:
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -97,6 +110,46 @@ def available_memory() -> int | None:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def cgroup_free() -> int | None:
+    """Bytes left under this process's memory cgroup limits (v2: memory.max minus
+    memory.current; v1: memory.limit_in_bytes minus memory.usage_in_bytes), the tightest of
+    its cgroup and every one above it; None where none sets a limit."""
+    try:
+        with open(PROC_CGROUP) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    root = Path(CGROUP_ROOT)
+    tightest = None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            base, files = root, ("memory.max", "memory.current")
+        elif "memory" in controllers.split(","):
+            base, files = root / "memory", ("memory.limit_in_bytes", "memory.usage_in_bytes")
+        else:
+            continue
+        here = base / path.lstrip("/")
+        for folder in (here, *[p for p in here.parents if p.is_relative_to(base)]):
+            limit, used = (_read_int(folder / name) for name in files)
+            if limit is not None and limit < _NO_LIMIT:
+                free = max(0, limit - (used or 0))
+                tightest = free if tightest is None else min(tightest, free)
+    return tightest
+
+
+def _read_int(path: Path) -> int | None:
+    """The number in a cgroup file ("max" and anything unreadable: None)."""
+    try:
+        text = path.read_text().strip()
+    except (OSError, ValueError):
+        return None
+    return int(text) if text.isdigit() else None
 
 
 def guard_memory(height: int, width: int, cfg: ViTConfig, *, batch: int = 1,
@@ -117,8 +170,11 @@ def guard_tokens(tokens: int, cfg: ViTConfig, *, batch: int = 1, what: str,
     need = token_bytes(tokens, cfg, batch=batch)
     have = available_memory()
     if have is not None and need > fraction * have:
+        contained = (cgroup := cgroup_free()) is not None and cgroup <= have
         raise MemoryEstimateError(
             f"{what} means {tokens} tokens: attention needs about {need / 2**30:.1f} GiB, and "
-            f"{have / 2**30:.1f} GiB are available; use {advice}"
+            f"{have / 2**30:.1f} GiB are available"
+            + (" under this process's memory cgroup (a container's limit)" if contained
+               else "") + f"; use {advice}"
             + (f" (or {override} to try anyway)" if override else ""))
     return need
