@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from vit_deploy.serve import predict, v2
 from vit_deploy.serve.batcher import Batcher
 from vit_deploy.serve.errors import install_error_handlers
-from vit_deploy.serve.limits import BodyBudget, Limits
+from vit_deploy.serve.limits import BodyBudget, Limits, largest_checked_side
 from vit_deploy.serve.metrics import collector_registry
 from vit_deploy.triton import V2Model, model_metadata, model_name
 
@@ -60,6 +60,9 @@ def make_app(session: Any, *, max_batch: int = 8, max_wait_ms: float = 5.0, top_
     if max_infer_bytes is not None:
         limits = replace(limits, max_infer_bytes=max_infer_bytes,
                          max_body_bytes=max(limits.max_body_bytes, max_infer_bytes))
+    if limits.max_side is None and (side := largest_checked_side(
+            getattr(session, "manifest", None))) is not None:
+        limits = replace(limits, max_side=side)
     model = serving_model(session, model_name)
     batcher = Batcher(session, max_batch=max_batch, max_wait_ms=max_wait_ms, top_k=top_k,
                       max_queue=max_queue)

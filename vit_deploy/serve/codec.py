@@ -157,6 +157,10 @@ def parse_infer_request(body: bytes, header_length: str | None, model: V2Model, 
         if not 1 <= shape[0] <= max_batch:
             raise bad_request(f"input {name!r} holds a batch of {shape[0]}; this server takes "
                               f"1 to {max_batch} (its max batch)")
+        if limits.max_side and len(shape) == 4 and max(shape[2:]) > limits.max_side:
+            raise Failure(413, f"input {name!r} is {shape[2]}x{shape[3]}; this server takes "
+                               f"sides up to {limits.max_side} (the bundle's largest checked "
+                               f"size; serve --max-size to change it)")
         dtype = _NUMPY[spec.datatype]
         declared = math.prod(shape) * dtype.itemsize
         if declared > limits.max_infer_bytes:

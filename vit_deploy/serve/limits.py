@@ -11,6 +11,7 @@ import io
 import resource
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from PIL import Image
 from starlette.datastructures import UploadFile
@@ -45,6 +46,9 @@ class Limits:
     max_image_pixels: int = 24_000_000  # width x height from the header (6000 x 4000)
     max_infer_bytes: int = MAX_INFER_BYTES
     max_json_bytes: int = 8 * 1024 * 1024  # of a v2 JSON header outside its number arrays
+    # the longest side of a v2 image tensor (413 above; `serve --max-size`); None: make_app
+    # takes the bundle's largest checked size (largest_checked_side)
+    max_side: int | None = None
 
     def __post_init__(self) -> None:
         bad = [f"{k}={v!r}" for k, v in vars(self).items()
@@ -228,3 +232,13 @@ def check_image_header(data: bytes, max_pixels: int) -> None:
         raise Failure(413, f"image is {width}x{height} = {width * height} pixels, over this "
                            f"server's limit of {max_pixels} pixels (resize it first)")
 
+
+def largest_checked_side(manifest: Any) -> int | None:
+    """The longest side of the sizes a bundle was checked at (deploy, native, its golden
+    references' cases): the largest a server takes by default. None: no manifest."""
+    if manifest is None or getattr(manifest, "naflex", False):
+        return None
+    sizes = [manifest.deploy_resolution, manifest.native_resolution]
+    if manifest.references is not None:
+        sizes += [c.resolution for c in manifest.references.cases]
+    return max(max(hw) for hw in sizes)
