@@ -188,6 +188,36 @@ def test_a_ray_cluster_we_start_reports_no_usage(monkeypatch, address, before, a
     assert (seen["token"] is not None and len(seen["token"]) == 64) == (address == "local")
 
 
+def test_a_ray_cluster_we_start_is_on_loopback(monkeypatch):
+    """Started without an address, Ray found its node's address by a UDP connect to
+    8.8.8.8:53 (strace, outside a network namespace: 2 connects per `embed --ray local`) and
+    its nodes talked over the machine's public address. Now loopback, told as Ray is told
+    (its one-machine switch, for its workers too); a cluster we join is left as it is."""
+    from ray._private import ray_constants
+
+    from vit_deploy.ray import cluster
+
+    seen = {}
+    monkeypatch.delenv(cluster.LOCAL_ONLY, raising=False)
+    monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
+    monkeypatch.setattr(cluster.ray, "init", lambda **kw: seen.update(
+        kw, env=os.environ.get(cluster.LOCAL_ONLY), switch=ray_constants.ENABLE_RAY_CLUSTER))
+    monkeypatch.setattr(cluster.ray, "shutdown", lambda: None)
+    for name in (cluster.RAY_USAGE_STATS, *cluster.RAY_AUTH):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    with cluster.connected("local"):
+        pass
+    assert seen["_node_ip_address"] == "127.0.0.1" and not seen["include_dashboard"]
+    assert seen["env"] == "0" and seen["switch"] is False
+    seen.clear()
+    monkeypatch.delenv(cluster.LOCAL_ONLY)
+    monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
+    with cluster.connected("auto"):
+        pass
+    assert "_node_ip_address" not in seen and seen["env"] is None and seen["switch"] is True
+
+
 def _cli(*args: object) -> list[str]:
     return [sys.executable, "-m", "vit_deploy.cli", *map(str, args)]
 
@@ -262,18 +292,23 @@ def test_no_command_sends_anything_or_writes_into_home(tmp_path, bundle, command
 
 
 def test_embed_on_a_cluster_it_starts_leaves_home_alone(tmp_path, bundle, monkeypatch):
-    """`embed --ray local` (the default) starts a Ray cluster in the process. Ray turns token
+    """`embed --ray local` starts a Ray cluster in the process. Ray turns token
     authentication on for it and, with no token set, writes one to ~/.ray/auth_token, where
     every later `ray start` on the machine finds it; vit-deploy hands Ray a token of its own.
-    Ray's dashboard still asks the cloud metadata address (link-local) with usage statistics
-    off: docs/guarantees.md."""
+    It found its node's address by a UDP connect to 8.8.8.8:53; the cluster is now on
+    127.0.0.1. Ray's dashboard still asks the cloud metadata address (link-local) with usage
+    statistics off: docs/guarantees.md."""
     for name in ("RAY_USAGE_STATS_ENABLED", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN",
                  "RAY_AUTH_TOKEN_PATH"):  # as a user runs it
         monkeypatch.delenv(name, raising=False)
     table = tmp_path / "features.parquet"
-    _run(tmp_path, _cli("embed", bundle, PHOTO, "--out", table, "--quiet"))
+    _, calls = _run(tmp_path, _cli("embed", bundle, PHOTO, "--out", table, "--ray", "local",
+                                   "--quiet"))
     assert table.is_file()
     assert _home_files(tmp_path) == []
+    assert not [c for c in calls if "8.8.8.8" in c], calls  # only the metadata ask is left
+    assert all(any(to in c for to in ("169.254.169.254", "htons(53)", '"::ffff:127.0.0.1"'))
+               for c in calls), calls  # the metadata ask, its name's lookup, v4-in-v6 loopback
 
 
 def test_openvino_is_imported_in_one_place():

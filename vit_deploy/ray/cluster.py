@@ -33,6 +33,9 @@ RAY_USAGE_STATS = "RAY_USAGE_STATS_ENABLED"
 # `--ray local` we hand Ray a token of this process's own in the environment (its workers
 # inherit it), unless the user chose a mode or a token.
 RAY_AUTH = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+# "0": the cluster is this machine's alone, its node address loopback (Ray's own switch for
+# Windows and macOS, read on Linux too: ray_constants.ENABLE_RAY_CLUSTER)
+LOCAL_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 def check_address(address: str) -> str:
@@ -58,9 +61,18 @@ def connected(address: str, *, quiet: bool = False) -> Iterator[None]:
     address = check_address(address)
     if address not in ("auto", "local"):
         reachable(address)
-    local = {"include_dashboard": False} if address == "local" else {}
+    # a cluster we start: on loopback, no dashboard (which asks the cloud metadata address)
+    local = {"include_dashboard": False, "_node_ip_address": "127.0.0.1"} \
+        if address == "local" else {}
     if address == "local":  # a cluster we start: Ray's usage reporting off unless asked for
         os.environ.setdefault(RAY_USAGE_STATS, "0")
+        # Ray finds "this node's address" by a UDP connect to 8.8.8.8:53 unless told that the
+        # cluster is one machine's: then loopback (inherited by its workers)
+        quiet = True  # its Python loggers' notices (the token one) are Ray's: errors only
+        if os.environ.setdefault(LOCAL_ONLY, "0") == "0":  # read at import: this process too
+            from ray._private import ray_constants
+
+            ray_constants.ENABLE_RAY_CLUSTER = False
         if not any(os.environ.get(name) for name in RAY_AUTH):  # nothing into ~/.ray
             os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)  # Ray turns token mode on
     try:
