@@ -153,3 +153,14 @@ def test_a_lying_purpose_is_one_line_error(bundles, tmp_path, purpose, field):
     (b / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(BundleError, match=re.escape(field)):
         load_manifest(b)
+
+
+def test_layer_outputs_are_ours_not_a_classifier_of_unknown_naming():
+    """A backbone exported with --layers (pooled, patch_tokens, layer_1) embeds and does not
+    classify; a model whose outputs have names of its own classifies with its first."""
+    from vit_deploy.runtime.purpose import Purpose
+
+    backbone = Purpose.of_outputs(["pooled", "patch_tokens", "layer_1"])
+    assert backbone.classifier is None and backbone.embedding == "pooled"
+    assert Purpose.of_outputs(["scores", "pooled"]).classifier == "scores"
+    assert Purpose.of_outputs(["patch_tokens", "layer_12"]).kind == "features"

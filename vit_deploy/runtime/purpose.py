@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vit_deploy.runtime.contract import (CLASS_TOKEN_NAME, FEATURES_NAME, LOGITS_NAME,
-                                         OUTPUT_KINDS)
+from vit_deploy.runtime.contract import (CLASS_TOKEN_NAME, FEATURES_NAME, LAYER_PREFIX,
+                                         LOGITS_NAME, OUTPUT_KINDS)
 from vit_deploy.runtime.manifest_parts import BundleError, TensorSpec
 
 # The outputs that are one vector per image, best first: the pooled output (the class
@@ -51,7 +51,7 @@ class Purpose:
         `class_token`, embeds."""
         names = [o if isinstance(o, str) else o.name for o in outputs]
         classifier = (LOGITS_NAME if LOGITS_NAME in names
-                      else names[0] if names and not all(n in OUTPUT_KINDS for n in names)
+                      else names[0] if names and not all(_ours(n) for n in names)
                       else None)
         embedding = next((n for n in EMBEDDING_OUTPUTS if n in names), None)
         dim = None
@@ -60,6 +60,12 @@ class Purpose:
                     and isinstance(o.shape[1], int):
                 dim = o.shape[1]
         return cls(classifier=classifier, embedding=embedding, dim=dim)
+
+
+def _ours(name: str) -> bool:
+    """An output kind vit-deploy exports (layer_N: the patch tokens after block N)."""
+    return name in OUTPUT_KINDS or (name.startswith(LAYER_PREFIX)
+                                    and name[len(LAYER_PREFIX):].isdigit())
 
 
 def parse_purpose(value: Any, outputs: Sequence[TensorSpec], where: str) -> Purpose:

@@ -2,7 +2,7 @@
 // that gives logits), embeds (one vector per image: which output, its width, unit length or
 // not, its similarity), or both. The manifest's `purpose`; absent (a bundle written before
 // the field), read from the output names.
-import { BundleError, LOGITS, show } from './common.mjs';
+import { BundleError, isGridOutput, LOGITS, show } from './common.mjs';
 
 // The outputs that are one vector per image, best first (Python's EMBEDDING_OUTPUTS)
 export const EMBEDDING_OUTPUTS = ['pooled', 'class_token'];
@@ -18,7 +18,7 @@ function kind(classifier, embedding) {
 export function purposeOfOutputs(outputs) {
   const names = outputs.map((o) => o.name);
   const classifier = names.includes(LOGITS) ? LOGITS
-    : (names.length && !names.every((n) => OUTPUT_KINDS.includes(n)) ? names[0] : null);
+    : (names.length && !names.every((n) => OUTPUT_KINDS.includes(n) || isGridOutput(n)) ? names[0] : null);
   const embedding = EMBEDDING_OUTPUTS.find((n) => names.includes(n)) ?? null;
   const shape = outputs.find((o) => o.name === embedding)?.shape;
   const dim = Array.isArray(shape) && shape.length === 2 && Number.isInteger(shape[1]) ? shape[1] : null;
