@@ -129,6 +129,19 @@ def emit_json(json_out: Path | None, text: str) -> None:
     write_bytes_atomic(Path(json_out), text.encode())
 
 
+def show_result(result: Any, json_out: Path | None, quiet: bool) -> None:
+    """A command's result as the user asked: --json (stdout alone, or FILE beside the
+    rest), -q's plain lines (`result.lines()`), else the rich rendering."""
+    emit_json(json_out, result.to_json())
+    if json_to_stdout(json_out):
+        return
+    if quiet:
+        for line in result.lines():
+            click.echo(line)
+        return
+    console().print(result)
+
+
 def quiet_option(result: str) -> Decorator:
     """--quiet / -q: no progress, tables or banners; `result` says what is still printed."""
     return click.option("--quiet", "-q", is_flag=True,

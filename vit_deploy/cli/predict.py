@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from vit_deploy.cli.options import console, emit_json, force_option, json_option, json_to_stdout, precision_option, provider_option, quiet_option, refuse_clobber, threads_option
+from vit_deploy.cli.options import force_option, json_option, precision_option, provider_option, quiet_option, refuse_clobber, show_result, threads_option
 from vit_deploy.cli.params import MAX_PATCH, RESOLUTION, InputPath, floats
 from vit_deploy.runtime.contract import TARGETS
 
@@ -68,11 +68,4 @@ def predict(bundle: Path, images: tuple[Path, ...], provider: str, fallback: boo
                              resize=resize, resolution=resolution, mean=floats(mean),
                              std=floats(std), patch=patch, features=features_file)
     result = run_predict(bundle, images, options)
-    emit_json(json_out, result.to_json())
-    if json_to_stdout(json_out):
-        return
-    if quiet:
-        for line in result.lines():
-            click.echo(line)
-        return
-    console().print(result)
+    show_result(result, json_out, quiet)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from vit_deploy.cli.options import console, emit_json, json_option, json_to_stdout, precision_option, provider_option, quiet_option, refuse_clobber
+from vit_deploy.cli.options import json_option, precision_option, provider_option, quiet_option, refuse_clobber, show_result
 from vit_deploy.cli.params import InputPath
 
 
@@ -40,11 +40,4 @@ def search(bundle: Path, index: Path, queries: tuple[Path, ...], k: int, provide
                                f"missing): pip install 'vit-deploy[ray]'") from None
     refuse_clobber({"--json": json_out}, bundles=[bundle], inputs=(index, *queries))
     result = run_search(bundle, index, queries, k=k, precision=precision, provider=provider)
-    emit_json(json_out, result.to_json())
-    if json_to_stdout(json_out):
-        return
-    if quiet:
-        for line in result.lines():
-            click.echo(line)
-        return
-    console().print(str(result), markup=False, highlight=False)
+    show_result(result, json_out, quiet)

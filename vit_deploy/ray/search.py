@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -101,6 +102,11 @@ class SearchResult:
         """query, rank, path, similarity (tab-separated), one line per match."""
         return [f"{f.query}\t{r}\t{p}\t{s:.6f}" for f in self.found
                 for r, (p, s) in enumerate(f.matches, 1)]
+
+    def __rich__(self) -> Any:
+        from rich.text import Text
+
+        return Text(str(self))  # paths as written: never read as markup
 
     def __str__(self) -> str:
         out = [f"{self.rows} row(s) of {self.index} ({self.column}, {self.similarity}"
