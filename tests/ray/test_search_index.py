@@ -76,6 +76,16 @@ def test_what_is_not_an_index_of_this_bundle_is_refused_in_one_line(indexed, tmp
              (root / "backbone", nan, "NaN or Infinity"),
              (root / "classifier", root / "photos.parquet", "has no embedding output"),
              (root / "backbone", root / "missing.parquet", "does not exist")]
+    nameless = tmp_path / "nameless.parquet"  # a row without a path is no match to show
+    with ViTSession(root / "backbone") as s:
+        v = s.embed(photos[:2])
+    pq.write_table(pa.table({"path": pa.array([None, "b.jpg"], pa.string()),
+                             "pooled": [v[0].tolist(), v[1].tolist()]}), nameless)
+    r = _cli("search", root / "backbone", nameless, photos[0], "--json")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.output)
+    assert got["rows"] == 1 and got["skipped"] == 1
+    assert [m["path"] for m in got["queries"][0]["matches"]] == ["b.jpg"]
     for bundle, index, message in cases:
         r = _cli("search", bundle, index, photos[0])
         assert r.exit_code == 2, (index, r.output)

@@ -31,7 +31,7 @@ class Index:
     column: str
     paths: list[str]
     vectors: np.ndarray  # (N, D) float32, unit length under cosine
-    skipped: int  # rows without a vector (an image embed could not read)
+    skipped: int  # rows without a vector (an image embed could not read) or a path
 
 
 def read_index(path: Path, column: str, *, cosine: bool) -> Index:
@@ -55,7 +55,9 @@ def read_index(path: Path, column: str, *, cosine: bool) -> Index:
         raise IndexFileError(f"{str(path)!r}: column {column!r} holds {kind}, not lists of "
                              f"floats")
     table = pq.read_table(path, columns=["path", column])
-    table = table.filter(table.column(column).is_valid())
+    # a row is a match only with both its vector and its path (a null path names nothing)
+    table = table.filter(pa.compute.and_(table.column(column).is_valid(),
+                                         table.column("path").is_valid()))
     skipped = pq.read_metadata(path).num_rows - table.num_rows
     lengths = set(np.asarray(pa.compute.list_value_length(table.column(column))).tolist())
     if len(lengths) > 1:
@@ -110,7 +112,7 @@ class SearchResult:
 
     def __str__(self) -> str:
         out = [f"{self.rows} row(s) of {self.index} ({self.column}, {self.similarity}"
-               + (f"; {self.skipped} without a vector" if self.skipped else "")
+               + (f"; {self.skipped} without a vector or a path" if self.skipped else "")
                + f"), queries embedded on {self.provider}"]
         for f in self.found:
             out.append(f"{f.query}:")
