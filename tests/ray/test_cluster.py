@@ -79,6 +79,28 @@ def test_past_the_deadline_it_names_what_holds_the_cpus(fake):
     assert e.value.exit_code == 1 and len(said) == 1
 
 
+@pytest.mark.parametrize("free, expected", [([1.5], 1), ([2.5], 2), ([4.0], 3)])
+def test_a_reserve_stays_free_beside_the_pool(fake, free, expected):
+    """embed's pool leaves a reading task's CPUs free: 1.5 free holds one 1-CPU actor and
+    the 0.5 a reader needs, not a second actor."""
+    fake["free"] = free
+    assert cluster.wait_for_cpus(1.0, 3, what="job", reserve=0.5, deadline_s=30) == expected
+
+
+def test_one_free_cpu_is_not_enough_for_an_actor_and_its_reader(fake):
+    """The two-node resume that hung (1 CPU a node, a killed run's worker holding one): the
+    actor alone would fit and take the last CPU, the readers would never run and Ray Data
+    would wait forever. Now it waits its deadline, saying for what, then stops naming it."""
+    fake["free"] = [1.0]
+    said = []
+    with pytest.raises(cluster.ClusterBusy) as e:
+        cluster.wait_for_cpus(1.0, 1, what="embed's actors", reserve=0.5, deadline_s=0.3,
+                              progress=said.append)
+    text = str(e.value)
+    assert "1.5 CPUs needed (0.5 of them to read images), 1 of 4 free" in text, text
+    assert len(said) == 1 and "0.5 of them to read images" in said[0], said
+
+
 @pytest.mark.heavy
 def test_embed_asking_more_cpus_than_any_node_has_says_so(tmp_path, make_tiny):
     """On a real cluster `--ray local` starts (this machine's CPUs): exit 1 at once, one

@@ -103,6 +103,15 @@ class FamiliesOption(click.Option):
               help="Bundle directory. Default: ./vit-<model><patch>-<res>.")
 @click.option("--labels", "labels_file", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="Class names, one per line (as many as classes).")
+@click.option("--zero-shot", "zero_shot", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, metavar="LABELS",
+              help="CLIP / SigLIP: classify with these labels (one per line): the checkpoint's "
+                   "text tower embeds each label's prompt once, here, and the bundle keeps the "
+                   "label embeddings as its classifier (needs transformers and a checkpoint "
+                   "with its text tower and tokenizer).")
+@click.option("--prompt", default=None, metavar="TEMPLATE",
+              help="With --zero-shot: each label's prompt, {} where the label goes. Default: "
+                   "\"This is a photo of {}.\" (transformers' zero-shot pipeline).")
 @click.option("--naflex", is_flag=True, help="SigLIP 2 NaFlex: a bundle whose graph takes "
               "each image at its own aspect ratio (patches + mask + grids, as "
               "Siglip2ImageProcessor makes them). Needs a siglip2 --checkpoint; no --res, "
@@ -123,7 +132,7 @@ def export(variant_name: str | None, patch: int | None, resolution: tuple[int, i
            outputs: str | None, layers: str | None, layer_norm: bool, merge: str | None,
            opset: int, seed: int, out: Path | None, labels_file: Path | None, precisions: tuple[str, ...],
            force: bool, quiet: bool, naflex: bool = False, max_patches: int | None = None,
-           **quant: Any) -> None:
+           zero_shot: Path | None = None, prompt: str | None = None, **quant: Any) -> None:
     """Export a ViT to an ONNX bundle that takes any H×W divisible by the patch size.
 
     Checks ONNX Runtime (CPU) against PyTorch at several resolutions and batch sizes;
@@ -138,7 +147,7 @@ def export(variant_name: str | None, patch: int | None, resolution: tuple[int, i
         given = {"--res": resolution, "--static": static, "--native-res": native_res,
                  "--patch": patch, "--model": variant_name, "--num-classes": num_classes,
                  "--features": features, "--outputs": outputs, "--layers": layers,
-                 "--merge-tokens": merge, "--labels": labels_file}
+                 "--merge-tokens": merge, "--labels": labels_file, "--zero-shot": zero_shot}
         export_naflex_bundle(checkpoint, out, naflex=naflex, max_patches=max_patches,
                              source=source, opset=opset, precisions=precisions, force=force,
                              quiet=quiet, refused=[k for k, v in given.items() if v], **quant)
@@ -150,6 +159,8 @@ def export(variant_name: str | None, patch: int | None, resolution: tuple[int, i
     from vit_deploy.progress import steps
     from vit_deploy.runtime.config import config_from_flags
 
+    check_zero_shot(zero_shot, prompt, checkpoint=checkpoint, labels=labels_file,
+                    num_classes=num_classes)
     labels = read_labels(labels_file) if labels_file else None
     src = open_checkpoint(checkpoint, source=source) if checkpoint else None  # hub: fetched
     options = ExportOptions(resolution=resolution, static=static, simplify=not no_simplify,
@@ -167,6 +178,8 @@ def export(variant_name: str | None, patch: int | None, resolution: tuple[int, i
     if src is not None:  # its preprocessing, class names and origin go into the manifest
         refuse_overridden(model.cfg, pool=pool, pos_embed=pos_embed)
         options = src.export_options(model, options)
+    if zero_shot is not None and src is not None:
+        model, options = add_zero_shot(model, options, src.path, zero_shot, prompt, quiet)
     cfg = model.cfg
     resolution = validate_request(cfg, options)  # fail fast, before minutes of work
     out = out or Path(default_bundle_name(cfg, resolution))
@@ -217,6 +230,50 @@ def refuse_overridden(cfg: Any, **flags: str) -> None:
             flag = f"--{name.replace('_', '-')}"
             raise click.UsageError(f"{flag} {value}: the checkpoint brings its own ({own}); "
                                    f"{flag} applies to a newly built model only: drop it")
+
+
+def check_zero_shot(zero_shot: Path | None, prompt: str | None, *, checkpoint: str | None,
+                    labels: Path | None, num_classes: int | None) -> None:
+    """--zero-shot's usage errors, before anything is loaded."""
+    if zero_shot is None:
+        if prompt is not None:
+            raise click.UsageError("--prompt is the zero-shot labels' template: it needs "
+                                   "--zero-shot LABELS")
+        return
+    clash = [f for f, v in (("--labels", labels), ("--num-classes", num_classes)) if v]
+    if clash:
+        raise click.UsageError(f"--zero-shot makes the classifier from its labels: drop "
+                               f"{' and '.join(clash)}")
+    if checkpoint is None:
+        raise click.UsageError("--zero-shot needs a CLIP or SigLIP --checkpoint with its text "
+                               "tower (a CLIPModel / SiglipModel save_pretrained folder)")
+
+
+def add_zero_shot(model: Any, options: Any, directory: Path, labels_file: Path,
+                  prompt: str | None, quiet: bool) -> tuple[Any, Any]:
+    """The model with the labels' zero-shot head, the options that record it."""
+    import dataclasses
+
+    from vit_deploy.export.zero_shot import read_labels as read_zero_shot, with_zero_shot, \
+        zero_shot_head
+
+    try:
+        labels = read_zero_shot(labels_file)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--zero-shot") from None
+    try:
+        head = zero_shot_head(directory, labels, prompt)
+    except ValueError as e:  # the template
+        raise click.BadParameter(str(e), param_hint="--prompt") from None
+    if not quiet:
+        console().print(f"zero-shot: {len(labels)} label(s) embedded by the checkpoint's text "
+                        f"tower ({head.model_type}, prompt {head.template!r}, "
+                        f"{head.probabilities})")
+    source = {**(options.source or {}), "zero_shot": head.record()}
+    outputs = options.outputs or ("logits", "pooled")  # it classifies and embeds
+    return with_zero_shot(model, head), dataclasses.replace(
+        options, labels=head.labels, probabilities=head.probabilities, source=source,
+        outputs=outputs)
 
 
 def read_labels(path: Path) -> tuple[str, ...]:

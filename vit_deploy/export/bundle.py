@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import platform
 import time
@@ -29,6 +30,7 @@ from vit_deploy.runtime.manifest import Manifest
 from vit_deploy.runtime.manifest_parts import FileEntry, IOSpec, PreprocessSpec, TensorSpec
 from vit_deploy.runtime.references import REFERENCES_ROLE, References
 from vit_deploy.runtime.providers import short_name
+from vit_deploy.runtime.purpose import Purpose
 from vit_deploy.runtime.session import ViTSession
 from vit_deploy.progress import Progress, silent
 from vit_deploy.runtime.sizes import format_resolution, guard_memory, require_patch_multiple
@@ -48,6 +50,7 @@ class ExportOptions:
     layer_norm: bool = True  # pass those through the final norm (DINOv2's convention)
     force: bool = False  # replace an output that is not a bundle
     labels: tuple[str, ...] | None = None  # class names, one per class, if known
+    probabilities: str = "softmax"  # how the logits are read (purpose; SigLIP zero-shot: sigmoid)
     allow_large: bool = False  # try sizes whose attention estimate exceeds available memory
     preprocess: SourcePreprocess | None = None  # the checkpoint's own; None: the config's mean/std
     source: dict[str, Any] | None = None  # where the weights came from (the export record)
@@ -244,6 +247,8 @@ def build_manifest(model: ViT, root: Path, *, options: ExportOptions,
                   f"{HEIGHT_DIM} and {WIDTH_DIM} are positive multiples of {cfg.patch_size}",
                   layer_norm=selection.layer_norm),
         labels=tuple(options.labels) if options.labels else None,
+        purpose=dataclasses.replace(Purpose.of_outputs(outputs),
+                                    probabilities=options.probabilities),
         models={"fp32": MODEL_FILE},
         files={MODEL_FILE: FileEntry.of(root / MODEL_FILE, model_role("fp32")),
                WEIGHTS_FILE: FileEntry.of(root / WEIGHTS_FILE, WEIGHTS_ROLE),

@@ -152,7 +152,7 @@ class ViT(nn.Module):
         self.fc_norm = norm if cfg.fc_norm else nn.Identity()
         self.map_head = MAPHead(cfg, MLP(cfg)) if cfg.pool == "map" else None
         self.proj = nn.Linear(cfg.width, cfg.proj_dim, bias=False) if cfg.proj_dim else nn.Identity()
-        self.head = nn.Linear(cfg.width, cfg.num_classes) if cfg.num_classes else nn.Identity()
+        self.head = nn.Linear(cfg.pooled_dim, cfg.num_classes) if cfg.num_classes else nn.Identity()
         self.head_dist = (nn.Linear(cfg.width, cfg.num_classes)
                           if cfg.dist_token and cfg.dist_head and cfg.num_classes else None)
         self._init_weights()
@@ -236,6 +236,8 @@ class ViT(nn.Module):
             return pooled
         if self.head_dist is not None:  # DeiT: mean of the class and distillation heads
             return (self.head(pooled) + self.head_dist(self.fc_norm(tokens[:, 1]))) / 2
+        if self.cfg.head_norm:  # a zero-shot head: cosine to each label's text embedding
+            return self.head(F.normalize(pooled, dim=-1))
         return self.head(pooled)
 
     def forward(self, x: torch.Tensor, *, patch: int | None = None) -> torch.Tensor:

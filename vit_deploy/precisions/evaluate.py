@@ -144,18 +144,25 @@ class Evaluator:
         return 1.0 - min(c.cosine_min for c in self.photos(path, precision))
 
 
+LARGE_GRID = 1024  # tokens: above it, a native-size bundle's second size is smaller, not larger
+
+
 def judged_resolutions(manifest: Manifest) -> list[tuple[int, int]]:
     """The sizes a precision is calibrated and judged at: a static graph's own; for a
-    dynamic one the native size and one other (the deploy size, else 1.5 × native), and
-    when neither is non-square, the one that is not the deploy size has its width cut to
-    3/4 (in whole patches): a square pair cannot tell a grid resampled with its axes
-    swapped from a right one. The trained DINOv2-S at 224 is judged at 518x392 and 224."""
+    dynamic one the native size and one other (the deploy size; else 1.5 × native, or 2/3
+    of native where 1.5 × would pass LARGE_GRID tokens: the second size checks the grid
+    resampled in the graph, which a smaller grid checks as well at a fraction of the cost;
+    every recipe candidate is scored there), and when neither is non-square, the one that
+    is not the deploy size has its width cut to 3/4 (in whole patches): a square pair cannot
+    tell a grid resampled with its axes swapped from a right one. The trained DINOv2-S at
+    224 is judged at 518x392 and 224; at 518 (its native size), at 518 and 350x266."""
     cfg = manifest.config
     P, native, deploy = cfg.patch_size, cfg.img_size, manifest.deploy_resolution
     if not manifest.io.dynamic:
         return [deploy]
-    other = deploy if deploy != native else (P * round(native[0] * 1.5 / P),
-                                             P * round(native[1] * 1.5 / P))
+    scale = 1.5 if (1.5 * native[0] / P) * (1.5 * native[1] / P) <= LARGE_GRID else 2 / 3
+    other = deploy if deploy != native else (P * max(1, round(native[0] * scale / P)),
+                                             P * max(1, round(native[1] * scale / P)))
     sizes = [tuple(native), tuple(other)]
     if all(h == w for h, w in sizes):
         i = 0 if sizes[0] != tuple(deploy) else 1

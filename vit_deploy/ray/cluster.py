@@ -95,6 +95,9 @@ def connected(address: str, *, quiet: bool = False) -> Iterator[None]:
 SCHEDULE_DEADLINE_S = 60.0
 
 
+RESERVED_FOR = "read images"  # what wait_for_cpus' reserve is for (embed's reading tasks)
+
+
 class ClusterBusy(VitDeployError):
     """The cluster cannot give a job the CPUs it needs (now, or ever): says what holds them."""
 
@@ -139,26 +142,30 @@ def require_capacity(each: float, count: int, *, what: str, every: bool = False)
 
 
 def wait_for_cpus(each: float, count: int, *, what: str, every: bool = False,
-                  deadline_s: float = SCHEDULE_DEADLINE_S, progress: Progress = silent) -> int:
+                  reserve: float = 0.0, deadline_s: float = SCHEDULE_DEADLINE_S,
+                  progress: Progress = silent) -> int:
     """How many of `count` units of `each` CPUs (actors, replicas) can start now: at least
-    one, or all of them with `every` (Serve waits for every replica). ClusterBusy at once
-    where the cluster can never hold them (no node has `each` CPUs; with `every`, fewer CPUs
-    in all than count x each); after `deadline_s` if they do not come free, naming what
-    holds them. Progress says it waits."""
+    one, or all of them with `every` (Serve waits for every replica), with `reserve` CPUs
+    left free beside them (embed's image-reading tasks: an actor pool that takes the last
+    CPU starves them, and Ray Data waits forever). ClusterBusy at once where the cluster can
+    never hold them (no node has `each` CPUs; with `every`, fewer CPUs in all than count x
+    each); after `deadline_s` if they do not come free, naming what holds them. Progress
+    says it waits."""
     total = require_capacity(each, count, what=what, every=every)
-    need = each * count if every else each
+    need = (each * count if every else each) + reserve
     start, said = time.monotonic(), False
     while True:
         free = float(ray.available_resources().get("CPU", 0.0))
         if free + 1e-9 >= need:
-            return count if every else max(1, min(count, int((free + 1e-9) // each)))
+            return count if every else max(1, min(count, int((free - reserve + 1e-9) // each)))
         waited = time.monotonic() - start
+        for_what = f" ({reserve:g} of them to {RESERVED_FOR})" if reserve else ""
         if waited >= deadline_s:
-            raise ClusterBusy(f"{what}: {need:g} CPUs needed, {free:g} of {total:g} free after "
-                              f"{waited:.0f} s; held by: {holders()}")
+            raise ClusterBusy(f"{what}: {need:g} CPUs needed{for_what}, {free:g} of {total:g} "
+                              f"free after {waited:.0f} s; held by: {holders()}")
         if not said:
-            progress(f"waiting for {need:g} free CPUs ({free:g} of {total:g} free; at most "
-                     f"{deadline_s:.0f} s)")
+            progress(f"waiting for {need:g} free CPUs{for_what} ({free:g} of {total:g} free; "
+                     f"at most {deadline_s:.0f} s)")
             said = True
         time.sleep(min(1.0, max(0.05, deadline_s - waited)))
 

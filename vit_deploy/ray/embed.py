@@ -34,7 +34,7 @@ from vit_deploy.ray import SHARD_SIZE
 from vit_deploy.runtime.contract import FEATURES_NAME, LOGITS_NAME
 from vit_deploy.runtime.manifest import load_manifest
 from vit_deploy.runtime.preprocess import Preprocess, group_by_shape
-from vit_deploy.runtime.results import softmax
+from vit_deploy.runtime.results import probabilities
 from vit_deploy.runtime.swap import writer_lock
 from vit_deploy.ray.shards import Shard, collect_paths, job_key, merge, own_parts_dir, plan, \
     remove_partial, stamps, write_table_atomic
@@ -116,11 +116,13 @@ class Embedder:
     def __init__(self, bundle: str, provider: str, precision: str, top_k: int, batch: int,
                  threads: int | None):
         from vit_deploy.runtime import ViTSession
+        from vit_deploy.runtime.embedding import purpose_of
         from vit_deploy.runtime.ort_session import RuntimeOptions
 
         self.session = ViTSession(bundle, provider=provider, precision=precision,
                                   options=RuntimeOptions(threads=threads))
         self.top_k, self.batch = top_k, batch
+        self.rule = purpose_of(self.session).probabilities  # softmax, or SigLIP's sigmoid
         self.outputs = output_columns(self.session.output_names, self.session.labels)
 
     def __call__(self, rows: dict[str, np.ndarray]) -> pa.Table:
@@ -153,7 +155,7 @@ class Embedder:
         if "logits" not in self.outputs:
             return
         logits = outs[LOGITS_NAME]
-        probs = softmax(logits)
+        probs = probabilities(logits, self.rule)
         k = min(self.top_k, probs.shape[1])
         for i, row, p in zip(part, logits, probs):
             top = np.argsort(-p, kind="stable")[:k]  # as ViTSession.classify orders them
@@ -241,9 +243,12 @@ def _run(bundle: Path, pending: list[Shard], folder: Path, pre: Preprocess,
                               f"{options.cpus_per_actor + READ_CPUS:g}; the cluster has {cpus:g}")
         actors = options.actors or max(1, int(cpus / 2 / options.cpus_per_actor))
         # never a pool that waits for CPUs nobody frees: at least one actor's are free now
-        # (or within the deadline); the pool grows to `actors` as more come free
+        # (or within the deadline), and a reading task's beside it (a killed run's worker
+        # can hold the rest: then the pool took the last CPU and the readers never ran);
+        # the pool grows to `actors` as more come free
         now = wait_for_cpus(options.cpus_per_actor, actors, what="embed's actors "
-                            "(--cpus-per-actor)", deadline_s=options.wait_s, progress=progress)
+                            "(--cpus-per-actor)", reserve=READ_CPUS, deadline_s=options.wait_s,
+                            progress=progress)
         progress(f"{now} of {actors} actor(s) can start now")
         paths = [p for s in pending for p in s.paths]
         blocks = max(1, min(len(paths), math.ceil(len(paths) / options.batch)))

@@ -113,6 +113,9 @@ class ViTConfig:
     pre_norm: bool = False  # a LayerNorm on the embedded tokens, before the blocks (CLIP)
     patch_bias: bool = True  # the patch embedding's bias (CLIP has none)
     proj_dim: int = 0  # a bias-free projection of the pooled vector (CLIP image embedding); 0 none
+    # The classifier reads the pooled vector scaled to unit length: a zero-shot head, the
+    # label prompts' text embeddings times the logit scale (CLIP / SigLIP; export/zero_shot.py)
+    head_norm: bool = False
     rope_theta: float = 100.0  # pos_embed 'rope': the base of the rotary frequencies (DINOv3)
     mlp: str = "plain"  # plain | gated (MLPS; DINOv3 H+ / 7B): export/mlp.py
     name: str = field(default="")
@@ -131,9 +134,13 @@ class ViTConfig:
             (self.pool in POOLS, f"pool must be one of {POOLS}, got {self.pool!r}"),
             (self.act in ACTIVATIONS, f"act must be one of {ACTIVATIONS}, got {self.act!r}"),
             (self.mlp in MLPS, f"mlp must be one of {MLPS}, got {self.mlp!r}"),
-            (self.proj_dim >= 0 and not (self.proj_dim and self.num_classes),
-             f"proj_dim must be >= 0 and a projection has no classifier after it, got "
-             f"proj_dim {self.proj_dim} with num_classes {self.num_classes}"),
+            (self.proj_dim >= 0 and not (self.proj_dim and self.num_classes
+                                         and not self.head_norm),
+             f"proj_dim must be >= 0 and a projection has no classifier after it but a "
+             f"zero-shot head (head_norm), got proj_dim {self.proj_dim} with num_classes "
+             f"{self.num_classes}"),
+            (not self.head_norm or (self.num_classes and not self.dist_token),
+             "head_norm (a zero-shot head) needs num_classes >= 1 and no distillation token"),
             (self.pos_embed != "rope" or self.head_dim % 4 == 0,
              f"pos_embed 'rope' needs a head dim divisible by 4 (a quarter per axis for sin "
              f"and cos), got {self.head_dim}"),

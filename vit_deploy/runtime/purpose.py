@@ -21,6 +21,9 @@ EMBEDDING_OUTPUTS = (FEATURES_NAME, CLASS_TOKEN_NAME)
 # cosine: compare unit-length vectors (DINOv2, CLIP and SigLIP are trained and searched so);
 # dot: the raw inner product (a model trained for it)
 SIMILARITIES = ("cosine", "dot")
+# How a classifier's logits become probabilities: softmax over the classes (one label per
+# image), or sigmoid of each (SigLIP's zero-shot head: each label judged on its own)
+PROBABILITIES = ("softmax", "sigmoid")
 KINDS = ("classifier", "embedding", "classifier+embedding", "features")
 
 
@@ -31,6 +34,7 @@ class Purpose:
     dim: int | None = None  # the embedding's width, where the graph fixes it
     normalised: bool = False  # the output itself is unit length (ours are not: embed() scales)
     similarity: str = "cosine"
+    probabilities: str = "softmax"  # PROBABILITIES: how the classifier's logits are read
 
     @property
     def kind(self) -> str:
@@ -40,6 +44,8 @@ class Purpose:
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "classifier": self.classifier,
+                **({"probabilities": self.probabilities}
+                   if self.probabilities != "softmax" else {}),
                 "embedding": None if self.embedding is None else {
                     "output": self.embedding, "dim": self.dim, "normalised": self.normalised,
                     "similarity": self.similarity}}
@@ -83,9 +89,13 @@ def parse_purpose(value: Any, outputs: Sequence[TensorSpec], where: str) -> Purp
     classifier = value.get("classifier")
     if classifier is not None and (not isinstance(classifier, str) or classifier not in shapes):
         raise bad("classifier", f"null or one of the outputs {list(shapes)}", classifier)
+    probabilities = value.get("probabilities", "softmax")
+    if probabilities not in PROBABILITIES or (probabilities != "softmax" and classifier is None):
+        raise bad("probabilities", f"one of {list(PROBABILITIES)} (with a classifier)",
+                  probabilities)
     emb = value.get("embedding")
     if emb is None:
-        return Purpose(classifier=classifier)
+        return Purpose(classifier=classifier, probabilities=probabilities)
     if not isinstance(emb, Mapping):
         raise bad("embedding", "null or an object", emb)
     name, dim = emb.get("output"), emb.get("dim")
@@ -102,4 +112,4 @@ def parse_purpose(value: Any, outputs: Sequence[TensorSpec], where: str) -> Purp
     if similarity not in SIMILARITIES:
         raise bad("embedding.similarity", f"one of {list(SIMILARITIES)}", similarity)
     return Purpose(classifier=classifier, embedding=name, dim=dim, normalised=normalised,
-                   similarity=similarity)
+                   similarity=similarity, probabilities=probabilities)

@@ -50,6 +50,16 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return z / z.sum(axis=-1, keepdims=True)
 
 
+def probabilities(logits: np.ndarray, rule: str = "softmax") -> np.ndarray:
+    """A classifier's logits read as its purpose says (purpose.PROBABILITIES): softmax over
+    the classes, or each class's sigmoid (SigLIP: each label judged on its own)."""
+    if rule == "sigmoid":
+        return 0.5 * (1.0 + np.tanh(0.5 * logits.astype(np.float64)))  # no overflow at -1000
+    if rule != "softmax":
+        raise ValueError(f"probabilities must be softmax or sigmoid, got {rule!r}")
+    return softmax(logits)
+
+
 def require_finite(values: np.ndarray, name: str) -> np.ndarray:
     """`values`, or an OutputError when the model produced NaN or ±Inf there: such numbers
     are no result (softmax turns them into NaN probabilities) and are never returned as one."""

@@ -30,8 +30,8 @@ from vit_deploy.runtime.placement import profile_placement
 from vit_deploy.runtime.preprocess import ImageInput, Preprocess
 from vit_deploy.runtime.providers import (CPU, ProviderSpec, is_openvino, parse_providers,
                                           short_name)
-from vit_deploy.runtime.results import (Classified, Prediction, _check_labels, require_finite,
-                                        softmax)
+from vit_deploy.runtime.results import (Classified, Prediction, _check_labels, probabilities,
+                                        require_finite)
 from vit_deploy.runtime.swap import recover_on_open
 from vit_deploy.runtime.tensorrt import tensorrt_defaults
 from vit_deploy.runtime.sizes import MemoryEstimateError, guard_memory, require_patch_multiple
@@ -247,7 +247,7 @@ class ViTSession:
                               f"{list(logits.shape)}; classifying needs (batch, classes)")
         if self.labels is not None:
             _check_labels(self.labels, logits.shape[1], name, self.model_path)
-        probs = softmax(logits)
+        probs = probabilities(logits, purpose_of(self).probabilities)
         k = min(top_k, probs.shape[1])
         return [[Classified(int(j), self.labels[j] if self.labels else None, float(row[j]))
                  for j in np.argsort(-row, kind="stable")[:k]] for row in probs]

@@ -178,6 +178,9 @@ export interface Purpose {
   /** The output is unit length as it comes out (ours are not: embed() scales them). */
   normalised: boolean;
   similarity: 'cosine' | 'dot';
+  /** How the classifier's logits become probabilities: softmax over the classes, or each
+   *  class's sigmoid (a SigLIP zero-shot head: each label judged on its own). */
+  probabilities: 'softmax' | 'sigmoid';
 }
 /** Purpose.of_outputs: what outputs so named and shaped are for. */
 export declare function purposeOfOutputs(outputs: { name: string; shape?: (number | string)[] }[]): Purpose;
@@ -225,14 +228,19 @@ export interface CpuFacts {
 // -- results ---------------------------------------------------------------------------------
 /** Softmax in float64, as the Python runtime's. */
 export declare function softmax(logits: ArrayLike<number> & Iterable<number>): Float64Array;
+/** Each logit's sigmoid in float64. */
+export declare function sigmoid(logits: ArrayLike<number> & Iterable<number>): Float64Array;
+/** Logits read as a purpose says: softmax over the classes, or each one's sigmoid. */
+export declare function probabilities(logits: ArrayLike<number> & Iterable<number>,
+  rule?: 'softmax' | 'sigmoid'): Float64Array;
 export interface TopClass {
   index: number;
   label: string | null;
   probability: number;
 }
-/** The k most probable classes, ties by index. */
+/** The k most probable classes, ties by index (`rule`: the purpose's probabilities). */
 export declare function topK(logits: ArrayLike<number> & Iterable<number>, k: number,
-  labels?: string[] | null): TopClass[];
+  labels?: string[] | null, rule?: 'softmax' | 'sigmoid'): TopClass[];
 /** `values`, or an OutputError when they hold NaN or ±Inf. */
 export declare function requireFinite<T extends Iterable<number> & { length: number }>(values: T,
   name: string): T;

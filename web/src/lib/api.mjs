@@ -12,7 +12,7 @@ export { checkNormalization, exactInt8, int8Cpu, int8Recipe, readManifest } from
 export { purposeOfOutputs, readPurpose } from './purpose.mjs';
 export { Preprocess, pyRound, toRGB } from './preprocess.mjs';
 export { resize } from './resample.mjs';
-export { requireFinite, softmax, topK } from './results.mjs';
+export { probabilities, requireFinite, sigmoid, softmax, topK } from './results.mjs';
 export {
   compare, COSINE_MIN, FP32_ABS_TOL, mergeReports, pixelInput, seededInput, toleranceClass,
 } from './check.mjs';

@@ -8,6 +8,8 @@ import { BundleError, isGridOutput, LOGITS, show } from './common.mjs';
 export const EMBEDDING_OUTPUTS = ['pooled', 'class_token'];
 const OUTPUT_KINDS = [LOGITS, 'pooled', 'patch_tokens', 'class_token', 'register_tokens'];
 const SIMILARITIES = ['cosine', 'dot'];
+// How a classifier's logits become probabilities (Python's PROBABILITIES)
+const PROBABILITIES = ['softmax', 'sigmoid'];
 
 function kind(classifier, embedding) {
   if (classifier && embedding) return 'classifier+embedding';
@@ -23,7 +25,7 @@ export function purposeOfOutputs(outputs) {
   const shape = outputs.find((o) => o.name === embedding)?.shape;
   const dim = Array.isArray(shape) && shape.length === 2 && Number.isInteger(shape[1]) ? shape[1] : null;
   return { kind: kind(classifier, embedding), classifier, embedding, dim, normalised: false,
-    similarity: 'cosine' };
+    similarity: 'cosine', probabilities: 'softmax' };
 }
 
 /** parse_purpose: the manifest's `purpose` checked against its declared outputs. */
@@ -37,9 +39,13 @@ export function readPurpose(value, outputs, where) {
   if (classifier !== null && (typeof classifier !== 'string' || !shapes.has(classifier))) {
     throw bad('classifier', `null or one of the outputs ${show([...shapes.keys()])}`, classifier);
   }
+  const probabilities = value.probabilities ?? 'softmax';
+  if (!PROBABILITIES.includes(probabilities) || (probabilities !== 'softmax' && classifier === null)) {
+    throw bad('probabilities', `one of ${show(PROBABILITIES)} (with a classifier)`, probabilities);
+  }
   const emb = value.embedding ?? null;
   if (emb === null) return { kind: kind(classifier, null), classifier, embedding: null, dim: null,
-    normalised: false, similarity: 'cosine' };
+    normalised: false, similarity: 'cosine', probabilities };
   if (typeof emb !== 'object' || Array.isArray(emb)) throw bad('embedding', 'null or an object', emb);
   const name = emb.output;
   if (typeof name !== 'string' || shapes.get(name)?.length !== 2) {
@@ -57,5 +63,6 @@ export function readPurpose(value, outputs, where) {
   if (!SIMILARITIES.includes(similarity)) {
     throw bad('embedding.similarity', `one of ${show(SIMILARITIES)}`, similarity);
   }
-  return { kind: kind(classifier, name), classifier, embedding: name, dim, normalised, similarity };
+  return { kind: kind(classifier, name), classifier, embedding: name, dim, normalised, similarity,
+    probabilities };
 }

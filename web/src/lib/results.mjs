@@ -13,10 +13,22 @@ export function softmax(logits) {
   return out;
 }
 
+/** Each logit's sigmoid in float64 (SigLIP's zero-shot head: each label on its own), as Python's. */
+export function sigmoid(logits) {
+  return Float64Array.from(logits, (v) => 0.5 * (1 + Math.tanh(0.5 * v)));
+}
+
+/** Logits read as the purpose says: 'softmax' over the classes, or 'sigmoid' of each. */
+export function probabilities(logits, rule = 'softmax') {
+  if (rule === 'sigmoid') return sigmoid(logits);
+  if (rule !== 'softmax') throw new Error(`probabilities must be softmax or sigmoid, got ${show(rule)}`);
+  return softmax(logits);
+}
+
 /** The k most probable classes, ties by index: [{ index, label, probability }]. */
-export function topK(logits, k, labels = null) {
+export function topK(logits, k, labels = null, rule = 'softmax') {
   checkTopK(k);
-  const p = softmax(logits);
+  const p = probabilities(logits, rule);
   const order = Array.from(p.keys()).sort((a, b) => p[b] - p[a] || a - b);
   return order.slice(0, Math.min(k, p.length)).map((index) => (
     { index, label: labels ? labels[index] : null, probability: p[index] }));

@@ -273,7 +273,7 @@ export class ViT {
     if (this.labels && logits.length !== this.labels.length) {
       throw new BundleError(labelsMismatch(this.labels.length, logits.length, LOGITS, this.url));
     }
-    return { top: topK(logits, k, this.labels), logits, inputSize: [dims[2], dims[3]],
+    return { top: topK(logits, k, this.labels, this.manifest.purpose?.probabilities), logits, inputSize: [dims[2], dims[3]],
       ms: { decode: t1 - t0, preprocess: t2 - t1, run: t3 - t2 }, provider: this.info.provider };
   }
 
