@@ -240,14 +240,15 @@ class ViTSession:
         if (backbone := not_a_classifier(self)) is not None:
             raise backbone
         outs = self.run_all(batch)
-        name = purpose_of(self).classifier or self.output_names[0]
+        purpose = purpose_of(self)
+        name = purpose.classifier or self.output_names[0]
         logits = require_finite(outs[name], name)
         if logits.ndim != 2:
             raise BundleError(f"{str(self.model_path)!r}: output {name!r} has shape "
                               f"{list(logits.shape)}; classifying needs (batch, classes)")
         if self.labels is not None:
             _check_labels(self.labels, logits.shape[1], name, self.model_path)
-        probs = probabilities(logits, purpose_of(self).probabilities)
+        probs = probabilities(logits, purpose.probabilities)
         k = min(top_k, probs.shape[1])
         return [[Classified(int(j), self.labels[j] if self.labels else None, float(row[j]))
                  for j in np.argsort(-row, kind="stable")[:k]] for row in probs]
