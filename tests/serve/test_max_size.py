@@ -47,8 +47,27 @@ def test_the_bundles_largest_checked_size_bounds_a_request(bundle):
         assert _infer(c, side + P).status_code == 200  # the user's own bound
 
 
-def test_max_size_is_a_serve_option_and_ray_says_it_does_not_take_it(bundle):
+def test_max_size_is_a_serve_option_and_ray_replicas_take_it(bundle, tmp_path):
+    """`--max-size` was refused with --ray / --write-config: Ray Serve replicas now bound
+    sides by it too (the written config carries it; a replica's app answers 413 above it)."""
+    import yaml
+
+    from vit_deploy.ray.serve_app import RayServeOptions, replica_app
+
     r = CliRunner().invoke(main, ["serve", str(bundle), "--max-size", "0"])
     assert r.exit_code == 2 and "--max-size" in r.output
-    r = CliRunner().invoke(main, ["serve", str(bundle), "--max-size", "64", "--write-config"])
-    assert r.exit_code == 2 and "not yet taken by --ray" in r.output, r.output
+    out = tmp_path / "tiny.serve.yaml"
+    r = CliRunner().invoke(main, ["serve", str(bundle), "--max-size", "64", "--write-config",
+                                  str(out), "--quiet"])
+    assert r.exit_code == 0, r.output
+    args = yaml.safe_load(out.read_text())["applications"][0]["args"]
+    assert args["max_side"] == 64
+    options = RayServeOptions.from_dict({k: v for k, v in args.items() if k != "bundle"})
+    with ViTSession(bundle) as s:
+        app = replica_app(s, options)
+        assert app.state.limits.max_side == 64
+        with TestClient(app) as client:  # the replica's batch worker is Ray's: not started
+            r = _infer(client, 72)
+            assert r.status_code == 413 and "sides up to 64" in r.json()["error"], r.text
+    with pytest.raises(ValueError, match="max_side=0"):
+        RayServeOptions(max_side=0)

@@ -80,3 +80,43 @@ def test_what_is_not_http_passes_through():
 
     asyncio.run(BodyPace(app)({"type": "lifespan"}, None, None))
     assert seen == ["lifespan"]
+
+
+def test_bodies_in_flight_are_bounded_in_bytes_together():
+    """A replica takes many requests at once (a stalled body costs no batch slot), so the
+    bodies it holds are bounded in bytes, as `serve` bounds them: with 1,000 bytes allowed,
+    a request whose body would pass, with what two others already hold, gets 503 with Retry-After,
+    the others are answered, and once they are, the budget is whole again."""
+    limits = Limits(max_body_bytes=1000, max_infer_bytes=1000, max_image_bytes=1000,
+                    max_json_bytes=1000)
+    pace = BodyPace(_echo, limits)
+
+    async def one(size: int, delays: tuple[float, float]) -> tuple[int, dict, bytes]:
+        sent: list[dict] = []
+        parts = [b"x" * (size // 2), b"x" * (size - size // 2)]
+        waits = list(delays)
+
+        async def receive():
+            await asyncio.sleep(waits.pop(0))
+            body = parts.pop(0)
+            return {"type": "http.request", "body": body, "more_body": bool(parts)}
+
+        async def send(message):
+            sent.append(message)
+
+        await pace({"type": "http"}, receive, send)
+        start, body = sent
+        return start["status"], dict(start["headers"]), body["body"]
+
+    async def main():
+        # a and b hold 250 bytes each from 0.01 s, the rest at 0.2 s; c's second half, at
+        # 0.1 s, would bring the total to 1,100
+        first = await asyncio.gather(one(500, (0.01, 0.2)), one(500, (0.01, 0.2)),
+                                     one(600, (0.05, 0.05)))
+        return first, pace.held, await one(1000, (0.0, 0.0))
+
+    (a, b, c), held, after = asyncio.run(main())
+    assert a[0] == b[0] == 200 and a[2] == b[2] == b"500"
+    assert c[0] == 503 and c[1][b"retry-after"] == b"1", c
+    assert "bytes of request bodies are held (the limit is 1000)" in json.loads(c[2])["error"]
+    assert held == 0 and after[0] == 200 and after[2] == b"1000"

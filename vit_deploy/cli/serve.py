@@ -79,14 +79,12 @@ def serve(bundle: Path, host: str, port: int, provider: str, precision: str, max
             console().print(f"serving {bundle} as model {name!r} ({precision}){where} "
                             f"on {url}")
 
-    if (ray_address or write_config) and max_side is not None:
-        raise click.UsageError("--max-size is not yet taken by --ray / --write-config: "
-                               "its replicas bound sides by the bundle's largest checked size")
     if ray_address or write_config:
         _serve_with_ray(bundle, ray_address, write_config, host, port, quiet, ready,
                         provider=provider, precision=precision, max_batch=max_batch,
                         max_wait_ms=max_wait_ms, top_k=top_k, model_name=name,
-                        replicas=replicas, cpus_per_replica=cpus_per_replica)
+                        replicas=replicas, cpus_per_replica=cpus_per_replica,
+                        max_side=max_side)
         return
     try:
         from vit_deploy.serve.app import make_app

@@ -254,5 +254,6 @@ def serve_on_cluster(bundle: Path, options: Any, *, address: str, host: str, por
         except KeyboardInterrupt:
             pass
         finally:
-            with contextlib.suppress(Exception):  # the cluster may be gone already
-                serve.delete(options.model_name)
+            if check_address(address) != "local":  # a local cluster goes with ray.shutdown
+                with contextlib.suppress(Exception):  # the cluster may be gone already
+                    serve.delete(options.model_name)

@@ -28,15 +28,23 @@ from vit_deploy.runtime.manifest import load_manifest
 from vit_deploy.runtime.providers import parse_providers
 from vit_deploy.runtime.ort_session import RuntimeOptions
 from vit_deploy.serve.app import make_app
-from vit_deploy.serve.batcher import Batcher, Job
+from vit_deploy.serve.batcher import QUEUE_BATCHES, Batcher, Job
 from vit_deploy.serve.errors import Failure, busy, describe
+from vit_deploy.serve.limits import Limits
 from vit_deploy.serve.metrics import collector_registry
 from vit_deploy.serve.pace import BodyPace
 from vit_deploy.triton import model_name as checked_model_name
 
 DEPLOYMENT = "ViTReplica"  # the deployment's name in Ray Serve (status, logs, config files)
 BUILDER = "vit_deploy.ray.serve_app:build"  # the import_path config files name
-ONGOING_BATCHES = 4  # a replica takes this many max batches' worth of requests at once
+# A replica takes as many requests at once as its batch queue holds (serve's QUEUE_BATCHES
+# full batches): a request whose body is still arriving holds one of them, so with few (4
+# batches' worth) 40 stalled clients kept a valid request waiting for the body deadline.
+# Their bodies are bounded in bytes (BodyPace), the work in flight by the queue (503).
+ONGOING_BATCHES = QUEUE_BATCHES
+# How long a replica being stopped waits for its requests in flight (Ray's default is 20 s:
+# `serve --ray` took that long to exit on SIGTERM)
+SHUTDOWN_S = 2.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,15 +62,17 @@ class RayServeOptions:
     model_name: str | None = None
     replicas: int = 1
     cpus_per_replica: float = 1.0
+    max_side: int | None = None  # a v2 request's longest side (None: the bundle's largest checked)
 
     def __post_init__(self) -> None:
         checks = {"max_batch": self.max_batch >= 1, "top_k": self.top_k >= 1,
                   "replicas": self.replicas >= 1, "max_wait_ms": self.max_wait_ms >= 0,
-                  "cpus_per_replica": self.cpus_per_replica > 0}
+                  "cpus_per_replica": self.cpus_per_replica > 0,
+                  "max_side": self.max_side is None or self.max_side >= 1}
         bad = [f"{k}={getattr(self, k)!r}" for k, ok in checks.items() if not ok]
         if bad:
             raise ValueError(f"Ray Serve options out of range: {', '.join(bad)} (expected "
-                             f"max_batch, top_k, replicas >= 1, max_wait_ms >= 0, "
+                             f"max_batch, top_k, replicas, max_side >= 1, max_wait_ms >= 0, "
                              f"cpus_per_replica > 0)")
 
     @classmethod
@@ -143,15 +153,16 @@ class RayBatcher(Batcher):
 def replica_app(session: Any, options: RayServeOptions) -> Any:
     """The FastAPI app a replica serves: `make_app`'s, with a RayBatcher as its batch worker
     (and its metrics registry over that batcher), reading bodies within `BodyPace`."""
+    limits = Limits(max_side=options.max_side)
     app = make_app(session, max_batch=options.max_batch, max_wait_ms=options.max_wait_ms,
-                   top_k=options.top_k, model_name=options.model_name)
+                   top_k=options.top_k, model_name=options.model_name, limits=limits)
     batcher = RayBatcher(session, max_batch=options.max_batch, max_wait_ms=options.max_wait_ms,
                          top_k=options.top_k)
     app.state.batcher = batcher
     app.state.registry = collector_registry(batcher)
     # the proxy streams a body in while the request holds a replica slot: `serve`'s body
     # timeout and minimum rate, here (slow clients held every slot, /health too)
-    app.add_middleware(BodyPace)
+    app.add_middleware(BodyPace, limits=limits)
     return app
 
 
@@ -194,7 +205,8 @@ def app(bundle: str | Path, options: RayServeOptions = RayServeOptions()) -> Any
     deployment = ViTReplica.options(
         num_replicas=options.replicas,
         ray_actor_options={"num_cpus": options.cpus_per_replica},
-        max_ongoing_requests=ONGOING_BATCHES * options.max_batch)
+        max_ongoing_requests=ONGOING_BATCHES * options.max_batch,
+        graceful_shutdown_timeout_s=SHUTDOWN_S, graceful_shutdown_wait_loop_s=0.5)
     return deployment.bind(str(path), asdict(options))
 
 
