@@ -82,11 +82,13 @@ def checkpoints(tmp_path_factory):
 
 
 def export(ckpt: Path, labels: Path, out: Path, *extra: str):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return CliRunner().invoke(main, ["export", "--checkpoint", str(ckpt), "--zero-shot",
-                                         str(labels), *extra, "--res", "32", "--no-simplify",
-                                         "--out", str(out)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r = CliRunner().invoke(main, ["export", "--checkpoint", str(ckpt), "--zero-shot",
+                                      str(labels), *extra, "--res", "32", "--no-simplify",
+                                      "--out", str(out)])
+    r.warned = [str(w.message) for w in caught]
+    return r
 
 
 @pytest.fixture(scope="module", params=["clip", "siglip"])
@@ -98,6 +100,10 @@ def exported(request, checkpoints):
     r = export(ckpt, ckpt.parent / "labels.txt", ckpt.parent / "b")
     assert r.exit_code == 0, r.output
     assert "5 label(s) embedded" in r.output, r.output
+    # the text tower embedded the labels: not "not used", as a plain image-tower export says
+    said = " ".join(r.warned) + r.output
+    assert "not used" not in said or not any(
+        t in said for t in ("text_model.", "text_projection", "logit_scale")), said
     return kind, model, tok, ckpt.parent / "b"
 
 

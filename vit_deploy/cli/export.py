@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -171,10 +173,12 @@ def export(variant_name: str | None, patch: int | None, resolution: tuple[int, i
         validate_request(config_from_flags(variant_name or "B", patch=patch, native_res=native_res,
                                            num_classes=num_classes, pos_embed=pos_embed,
                                            pool=pool), options)
-    model, fmt = model_from_flags(variant_name, patch=patch, native_res=native_res,
-                                  num_classes=num_classes, pos_embed=pos_embed, pool=pool,
-                                  seed=seed, checkpoint=src.path if src else None,
-                                  source=src.source if src else source, heads=heads, merge=merge)
+    with text_tower_used(zero_shot is not None):
+        model, fmt = model_from_flags(variant_name, patch=patch, native_res=native_res,
+                                      num_classes=num_classes, pos_embed=pos_embed, pool=pool,
+                                      seed=seed, checkpoint=src.path if src else None,
+                                      source=src.source if src else source, heads=heads,
+                                      merge=merge)
     if src is not None:  # its preprocessing, class names and origin go into the manifest
         refuse_overridden(model.cfg, pool=pool, pos_embed=pos_embed)
         options = src.export_options(model, options)
@@ -277,11 +281,42 @@ def add_zero_shot(model: Any, options: Any, directory: Path, labels_file: Path,
 
 
 def read_labels(path: Path) -> tuple[str, ...]:
+    """--labels: the zero-shot reader's rules, but a name may repeat (ImageNet's do)."""
+    from vit_deploy.export.zero_shot import read_labels as read_label_file
+
     try:
-        return tuple(line.strip() for line in path.read_text(encoding="utf-8").splitlines()
-                     if line.strip())
-    except (OSError, UnicodeDecodeError) as e:
-        raise click.BadParameter(f"cannot read {str(path)!r}: {e}", param_hint="--labels") from None
+        return read_label_file(path, unique=False)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--labels") from None
+
+
+@contextlib.contextmanager
+def text_tower_used(active: bool) -> Iterator[None]:
+    """With --zero-shot, the checkpoint's text tower is what the labels are embedded with:
+    the loader's CheckpointWarning no longer calls those tensors "not used" (the rest, a
+    pooler, say, are still named)."""
+    if not active:
+        yield
+        return
+    from vit_deploy.export.checkpoints import CheckpointWarning
+    from vit_deploy.export.zero_shot import uses_tensor
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for w in caught:
+        message = w.message
+        if isinstance(message, CheckpointWarning) and message.tensors:
+            rest = [t for t in message.tensors if not uses_tensor(t)]
+            if not rest:
+                continue
+            if len(rest) < len(message.tensors):
+                where = str(message).split(": not used", 1)[0]
+                message = CheckpointWarning(f"{where}: not used, these tensors do not change "
+                                            f"the exported outputs: {rest[:5]}"
+                                            f"{f' (+{len(rest) - 5} more)' if len(rest) > 5 else ''}",
+                                            tuple(rest))
+        warnings.warn_explicit(message, w.category, w.filename, w.lineno)
 
 
 def export_naflex_bundle(checkpoint: str | None, out: Path | None, *, naflex: bool,

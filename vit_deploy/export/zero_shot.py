@@ -50,9 +50,11 @@ class ZeroShotHead:
                 "probabilities": self.probabilities}
 
 
-def read_labels(path: Path) -> tuple[str, ...]:
+def read_labels(path: Path, *, unique: bool = True) -> tuple[str, ...]:
     """One label per line (blank lines and surrounding spaces dropped); ValueError naming the
-    file for none, a repeated label, or more than MAX_LABELS."""
+    file for none, more than MAX_LABELS, or (`unique`: zero-shot labels, each its own class)
+    a repeated label. `export --labels` reads with unique=False: ImageNet's own class names
+    repeat ("crane", "maillot")."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -64,10 +66,20 @@ def read_labels(path: Path) -> tuple[str, ...]:
         raise ValueError(f"{str(path)!r} holds {len(labels)} labels, at most {MAX_LABELS}")
     seen: set[str] = set()
     repeated = [x for x in labels if x in seen or seen.add(x)]  # type: ignore[func-returns-value]
-    if repeated:
+    if unique and repeated:
         raise ValueError(f"{str(path)!r}: label {repeated[0]!r} appears more than once "
                          f"(each label must be its own class)")
     return labels
+
+
+# the checkpoint's tensors a zero-shot head is made of (the text tower, its projection, the
+# logit scale and bias): used at export, though no bundle output holds them
+TEXT_TOWER = ("text_model.", "text_projection.", "logit_scale", "logit_bias")
+
+
+def uses_tensor(name: str) -> bool:
+    """Whether `zero_shot_head` reads the checkpoint tensor `name`."""
+    return any(name.startswith(t) for t in TEXT_TOWER)
 
 
 def check_template(template: str) -> str:
@@ -102,6 +114,9 @@ def zero_shot_head(directory: Path, labels: tuple[str, ...], template: str | Non
     except ImportError:
         raise CheckpointError("--zero-shot runs the checkpoint's text tower with transformers, "
                               "which is not installed: pip install transformers") from None
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # its "Loading weights" bar is not our progress line
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
         model = AutoModel.from_pretrained(directory, local_files_only=True).eval()

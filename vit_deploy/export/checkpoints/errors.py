@@ -13,4 +13,8 @@ class CheckpointError(VitDeployError, ValueError):
 
 class CheckpointWarning(UserWarning):
     """Tensors in a checkpoint that the model does not use and that do not change its
-    outputs (a Hugging Face pooler, a masked-image-modelling token)."""
+    outputs (a Hugging Face pooler, a masked-image-modelling token); `tensors` names them."""
+
+    def __init__(self, message: str, tensors: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.tensors = tuple(tensors)
