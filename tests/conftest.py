@@ -338,7 +338,7 @@ HEAVY_FILES = {
     # Qualcomm's HTP emulator (every test needs the npu target built: 19 s of one worker
     # before its quick tests, 2026-12-07 on an AVX-512 Xeon without AMX) and the trace
     # memo's own proofs (the real exporter, 16 s): the edit loop was 2 min 41 s there
-    "test_htp.py", "test_trace_memo.py",
+    "test_htp.py", "test_trace_memo.py", "test_local_kill.py",
 }
 # In the packages' files, the slow tests only (2026-12-02: each over 2 s with its setup), so
 # make test-fast runs the quick tests of every package (checkpoints, families, the hub
@@ -370,6 +370,7 @@ LONGEST_FIRST = ["test_trained_dinov2s.py",  # ~240 (2026-12-04): the trained DI
                  "test_tour.py",  # the README's tour, every line in order (tiny stand-in)
                  "test_docs_snippets.py",  # every docs page's snippets in order (~75 s of CPU)
                  "test_ray.py",  # ~110: a two-node Ray cluster, Serve and Data on it
+                 "test_local_kill.py",  # ~15: embed --ray local, SIGKILLed
                  "test_install.py",  # 74: the wheel in fresh venvs, every platform resolved
                  "test_telemetry.py",  # 67 (2026-12-06, AVX-512 EPYC): every command traced
                  "test_readme.py",  # 49: the README's ViT-B/16 export

@@ -21,6 +21,7 @@ from typing import Any
 import ray
 
 from vit_deploy.progress import Progress, silent
+from vit_deploy.ray.reaper import reaping
 from vit_deploy.runtime.errors import FAILED, VitDeployError
 
 # Ray reports usage statistics from a head node it starts unless this is "0"; for clusters
@@ -75,6 +76,12 @@ def connected(address: str, *, quiet: bool = False) -> Iterator[None]:
             ray_constants.ENABLE_RAY_CLUSTER = False
         if not any(os.environ.get(name) for name in RAY_AUTH):  # nothing into ~/.ray
             os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)  # Ray turns token mode on
+    reaper = reaping() if address == "local" else contextlib.nullcontext()
+    with reaper:  # a SIGKILL of this command leaves nothing of a cluster it started
+        yield from _joined(address, quiet, local)
+
+
+def _joined(address: str, quiet: bool, local: dict[str, Any]) -> Iterator[None]:
     try:
         ray.init(address=address, logging_level=logging.ERROR if quiet else logging.WARNING,
                  log_to_driver=False, **local)
