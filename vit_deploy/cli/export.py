@@ -311,11 +311,7 @@ def text_tower_used(active: bool) -> Iterator[None]:
             if not rest:
                 continue
             if len(rest) < len(message.tensors):
-                where = str(message).split(": not used", 1)[0]
-                message = CheckpointWarning(f"{where}: not used, these tensors do not change "
-                                            f"the exported outputs: {rest[:5]}"
-                                            f"{f' (+{len(rest) - 5} more)' if len(rest) > 5 else ''}",
-                                            tuple(rest))
+                message = CheckpointWarning.unused(message.where, tuple(rest))
         warnings.warn_explicit(message, w.category, w.filename, w.lineno)
 
 

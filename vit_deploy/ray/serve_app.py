@@ -40,7 +40,8 @@ BUILDER = "vit_deploy.ray.serve_app:build"  # the import_path config files name
 # A replica takes as many requests at once as its batch queue holds (serve's QUEUE_BATCHES
 # full batches): a request whose body is still arriving holds one of them, so with few (4
 # batches' worth) 40 stalled clients kept a valid request waiting for the body deadline.
-# Their bodies are bounded in bytes (BodyPace), the work in flight by the queue (503).
+# Their bodies are bounded in bytes by the app's own BodyBudget (`max_body_bytes`, 503 past
+# it, as in `serve`), the work in flight by the queue (503).
 ONGOING_BATCHES = QUEUE_BATCHES
 # How long a replica being stopped waits for its requests in flight (Ray's default is 20 s:
 # `serve --ray` took that long to exit on SIGTERM)

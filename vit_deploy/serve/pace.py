@@ -7,12 +7,7 @@ arrives, and the request holds one of the replica's `max_ongoing_requests` slots
 while, so 33 clients that sent headers and a few bytes kept every endpoint waited, /health
 too. Here each body is read against the same `Limits`: past the body timeout, or under the
 minimum rate over a window, the app's next receive is a disconnect and the client gets
-408 with the reason (the app's own answer, if any, is dropped), and the slot is free.
-
-The slots are many (a stalled body costs a coroutine, not a batch), so the bodies they hold
-are bounded in bytes instead, as `serve` bounds them: past `max_body_bytes` of bodies
-arrived and not yet answered in this replica, the request that would pass it gets 503 with
-Retry-After."""
+408 with the reason (the app's own answer, if any, is dropped), and the slot is free."""
 
 from __future__ import annotations
 
@@ -21,7 +16,6 @@ import json
 from typing import Any, Awaitable, Callable
 
 from vit_deploy.serve.connections import TIMED_OUT
-from vit_deploy.serve.errors import RETRY_AFTER_S
 from vit_deploy.serve.limits import Limits
 
 Message = dict[str, Any]
@@ -31,12 +25,10 @@ ASGIApp = Callable[[dict, Callable[[], Awaitable[Message]], Callable[[Message], 
 
 class BodyPace:
     """ASGI middleware: every HTTP request body within `limits` (body_timeout_s from the
-    first receive, min_body_rate bytes/s over each body_window_s), else 408; the bodies of
-    requests in flight within max_body_bytes together, else 503."""
+    first receive, min_body_rate bytes/s over each body_window_s), else 408."""
 
     def __init__(self, app: ASGIApp, limits: Limits | None = None):
         self.app, self.limits = app, limits or Limits()
-        self.held = 0  # body bytes of the requests in flight (one event loop: no lock)
 
     async def __call__(self, scope: dict, receive: Callable[[], Awaitable[Message]],
                        send: Callable[[Message], Awaitable[None]]) -> None:
@@ -46,7 +38,7 @@ class BodyPace:
         limits, loop = self.limits, asyncio.get_running_loop()
         start = loop.time()
         state: dict[str, Any] = {"window": start, "bytes": 0, "done": False, "late": None,
-                                 "status": 408, "started": False, "pending": None, "held": 0}
+                                 "started": False, "pending": None}
 
         async def paced() -> Message:
             while not state["done"] and state["late"] is None:
@@ -74,22 +66,11 @@ class BodyPace:
                 state["pending"] = None
                 message = pending.result()
                 if message["type"] == "http.request":
-                    size = len(message.get("body", b""))
-                    if self.held + size > limits.max_body_bytes:
-                        state["late"] = (f"the server is busy: {self.held} bytes of request "
-                                         f"bodies are held (the limit is "
-                                         f"{limits.max_body_bytes}); retry after "
-                                         f"{RETRY_AFTER_S} s")
-                        state["status"] = 503
-                        break
-                    self.held += size
-                    state["held"] += size
-                    state["bytes"] += size
+                    state["bytes"] += len(message.get("body", b""))
                     state["done"] = not message.get("more_body", False)
                 return message
             if state["late"] is not None:
-                if state["status"] == 408:
-                    scope[TIMED_OUT] = "body"
+                scope[TIMED_OUT] = "body"
                 return {"type": "http.disconnect"}
             return await receive()  # after the body: the client leaving, as before
 
@@ -105,15 +86,12 @@ class BodyPace:
             if state["late"] is None or state["started"]:
                 raise
         finally:
-            self.held -= state["held"]
             if state["pending"] is not None:
                 state["pending"].cancel()
         if state["late"] is not None and not state["started"]:
             body = json.dumps({"error": state["late"]}).encode()
-            retry = [(b"retry-after", str(RETRY_AFTER_S).encode())] \
-                if state["status"] == 503 else []
-            await send({"type": "http.response.start", "status": state["status"],
+            await send({"type": "http.response.start", "status": 408,
                         "headers": [(b"content-type", b"application/json"),
-                                    (b"connection", b"close"), *retry,
+                                    (b"connection", b"close"),
                                     (b"content-length", str(len(body)).encode())]})
             await send({"type": "http.response.body", "body": body})

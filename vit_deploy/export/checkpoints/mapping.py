@@ -93,7 +93,5 @@ def _built(cfg: ViTConfig, ours: dict[str, torch.Tensor], *, where: str, ignored
     model = build_model(cfg, seed=None)
     load_state(model, ours, source=where)
     if ignored:
-        warnings.warn(CheckpointWarning(f"{where}: not used, these tensors do not change the "
-                                        f"exported outputs: {_some(list(ignored))}",
-                                        tuple(ignored)), stacklevel=stacklevel)
+        warnings.warn(CheckpointWarning.unused(where, tuple(ignored)), stacklevel=stacklevel)
     return model
